@@ -1,0 +1,122 @@
+// swift-tools-version:6.1
+import PackageDescription
+
+let strict: [SwiftSetting] = [
+    .enableUpcomingFeature("ExistentialAny"),
+    .enableUpcomingFeature("InternalImportsByDefault"),
+]
+
+let testSettings: [SwiftSetting] = [.enableUpcomingFeature("ExistentialAny")]
+
+let package = Package(
+    name: "warden",
+    platforms: [.macOS(.v15)],
+    products: [
+        .executable(name: "warden", targets: ["warden"]),
+        .library(name: "SecurityEvents", targets: ["SecurityEvents"]),
+        .library(name: "TokenVerification", targets: ["TokenVerification"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
+        .package(url: "https://github.com/apple/swift-crypto", from: "4.0.0"),
+        .package(url: "https://github.com/apple/swift-nio", from: "2.101.3"),
+        .package(url: "https://github.com/swift-server/async-http-client", from: "1.37.0"),
+        .package(url: "https://github.com/jpsim/Yams", from: "6.2.2"),
+        .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.28.1"),
+        .package(url: "https://github.com/apple/swift-http-types", from: "1.8.0"),
+    ],
+    targets: [
+        // Thin C layer over Debian's OpenSSL libcrypto: public keys from JWK members and
+        // signature checks. Everything above it is Swift.
+        .target(
+            name: "CWardenCrypto",
+            linkerSettings: [.linkedLibrary("crypto")]
+        ),
+        .target(
+            name: "SecurityEvents",
+            dependencies: [.product(name: "Crypto", package: "swift-crypto")],
+            swiftSettings: strict
+        ),
+        .target(
+            name: "TokenVerification",
+            dependencies: [
+                "SecurityEvents",
+                "CWardenCrypto",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+            ],
+            swiftSettings: strict
+        ),
+        .target(
+            name: "WardenCLI",
+            dependencies: [
+                "SecurityEvents",
+                "TokenVerification",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Yams", package: "Yams"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+            ],
+            swiftSettings: strict
+        ),
+        .executableTarget(
+            name: "warden",
+            dependencies: ["WardenCLI"],
+            swiftSettings: strict
+        ),
+        // Signing side used by tests and benchmarks: throwaway keys, JWKS documents, SETs.
+        .target(
+            name: "SETMinting",
+            dependencies: [
+                "SecurityEvents",
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "_CryptoExtras", package: "swift-crypto"),
+            ],
+            swiftSettings: strict
+        ),
+        // A real HTTP server for tests: serves discovery and JWKS documents, counts requests.
+        .target(
+            name: "WardenTestSupport",
+            dependencies: [
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOCore", package: "swift-nio"),
+            ],
+            swiftSettings: strict
+        ),
+        .executableTarget(
+            name: "VerifyBenchmark",
+            dependencies: ["TokenVerification", "SETMinting", "SecurityEvents"],
+            path: "Benchmarks/VerifyBenchmark",
+            swiftSettings: strict
+        ),
+        .testTarget(
+            name: "SecurityEventsTests",
+            dependencies: ["SecurityEvents", "SETMinting"],
+            swiftSettings: testSettings
+        ),
+        .testTarget(
+            name: "TokenVerificationTests",
+            dependencies: [
+                "TokenVerification", "SecurityEvents", "SETMinting", "WardenTestSupport",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "_CryptoExtras", package: "swift-crypto"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: testSettings
+        ),
+        .testTarget(
+            name: "WardenCLITests",
+            dependencies: [
+                "WardenCLI", "TokenVerification", "SETMinting", "SecurityEvents", "WardenTestSupport", "warden",
+            ],
+            swiftSettings: testSettings
+        ),
+    ],
+    swiftLanguageModes: [.v6]
+)

@@ -1,0 +1,253 @@
+#include "CWardenCrypto.h"
+
+#include <string.h>
+#include <openssl/bn.h>
+#include <openssl/core_names.h>
+#include <openssl/ec.h>
+#include <openssl/evp.h>
+#include <openssl/obj_mac.h>
+#include <openssl/param_build.h>
+#include <openssl/rsa.h>
+
+struct warden_key {
+    EVP_PKEY *pkey;
+    int kind;          /* 1 RSA, 2 EC, 3 Ed25519 */
+    int curve_bits;    /* EC only */
+};
+
+struct warden_checker {
+    const warden_key *key;
+    warden_alg alg;
+    EVP_MD *md;             /* NULL for EdDSA */
+    EVP_MD_CTX *md_ctx;     /* digest (RSA/EC) or one-shot verify (EdDSA) */
+    EVP_PKEY_CTX *pkey_ctx; /* initialised once for RSA/EC, reused for every check */
+    BIGNUM *order;          /* EC group order, for the 1 <= r, s < n check */
+    size_t coordinate_len;  /* EC: bytes per R and S */
+};
+
+static warden_key *wrap(EVP_PKEY *pkey, int kind, int curve_bits) {
+    if (pkey == NULL) return NULL;
+    warden_key *key = OPENSSL_zalloc(sizeof(*key));
+    if (key == NULL) { EVP_PKEY_free(pkey); return NULL; }
+    key->pkey = pkey;
+    key->kind = kind;
+    key->curve_bits = curve_bits;
+    return key;
+}
+
+static EVP_PKEY *from_params(const char *type, OSSL_PARAM *params) {
+    EVP_PKEY *pkey = NULL;
+    EVP_PKEY_CTX *ctx = EVP_PKEY_CTX_new_from_name(NULL, type, NULL);
+    if (ctx == NULL) return NULL;
+    if (EVP_PKEY_fromdata_init(ctx) <= 0 ||
+        EVP_PKEY_fromdata(ctx, &pkey, EVP_PKEY_PUBLIC_KEY, params) <= 0) {
+        pkey = NULL;
+    }
+    EVP_PKEY_CTX_free(ctx);
+    return pkey;
+}
+
+warden_key *warden_rsa_key_new(const uint8_t *n, size_t n_len, const uint8_t *e, size_t e_len) {
+    EVP_PKEY *pkey = NULL;
+    BIGNUM *bn_n = BN_bin2bn(n, (int)n_len, NULL);
+    BIGNUM *bn_e = BN_bin2bn(e, (int)e_len, NULL);
+    OSSL_PARAM_BLD *bld = OSSL_PARAM_BLD_new();
+    OSSL_PARAM *params = NULL;
+    if (bn_n && bn_e && bld &&
+        OSSL_PARAM_BLD_push_BN(bld, OSSL_PKEY_PARAM_RSA_N, bn_n) &&
+        OSSL_PARAM_BLD_push_BN(bld, OSSL_PKEY_PARAM_RSA_E, bn_e) &&
+        (params = OSSL_PARAM_BLD_to_param(bld)) != NULL) {
+        pkey = from_params("RSA", params);
+    }
+    OSSL_PARAM_free(params);
+    OSSL_PARAM_BLD_free(bld);
+    BN_free(bn_n);
+    BN_free(bn_e);
+    return wrap(pkey, 1, 0);
+}
+
+static const char *group_name(int curve_bits) {
+    switch (curve_bits) {
+    case 256: return "prime256v1";
+    case 384: return "secp384r1";
+    case 521: return "secp521r1";
+    default: return NULL;
+    }
+}
+
+static size_t coordinate_len(int curve_bits) { return (size_t)((curve_bits + 7) / 8); }
+
+warden_key *warden_ec_key_new(int curve_bits, const uint8_t *x, size_t x_len, const uint8_t *y, size_t y_len) {
+    const char *group = group_name(curve_bits);
+    size_t len = coordinate_len(curve_bits);
+    if (group == NULL || x_len != len || y_len != len) return NULL;
+    uint8_t point[1 + 2 * 66];
+    point[0] = 0x04;
+    memcpy(point + 1, x, len);
+    memcpy(point + 1 + len, y, len);
+
+    OSSL_PARAM params[3];
+    params[0] = OSSL_PARAM_construct_utf8_string(OSSL_PKEY_PARAM_GROUP_NAME, (char *)group, 0);
+    params[1] = OSSL_PARAM_construct_octet_string(OSSL_PKEY_PARAM_PUB_KEY, point, 1 + 2 * len);
+    params[2] = OSSL_PARAM_construct_end();
+    EVP_PKEY *pkey = from_params("EC", params);
+    if (pkey == NULL) return NULL;
+
+    /* Refuse points that are not on the curve (or are the point at infinity). */
+    EVP_PKEY_CTX *check = EVP_PKEY_CTX_new_from_pkey(NULL, pkey, NULL);
+    int ok = check != NULL && EVP_PKEY_public_check(check) == 1;
+    EVP_PKEY_CTX_free(check);
+    if (!ok) { EVP_PKEY_free(pkey); return NULL; }
+    return wrap(pkey, 2, curve_bits);
+}
+
+warden_key *warden_ed25519_key_new(const uint8_t *x, size_t x_len) {
+    if (x_len != 32) return NULL;
+    return wrap(EVP_PKEY_new_raw_public_key_ex(NULL, "ED25519", NULL, x, x_len), 3, 0);
+}
+
+void warden_key_free(warden_key *key) {
+    if (key == NULL) return;
+    EVP_PKEY_free(key->pkey);
+    OPENSSL_free(key);
+}
+
+int warden_key_bits(const warden_key *key) { return EVP_PKEY_get_bits(key->pkey); }
+
+static const char *digest_name(warden_alg alg) {
+    switch (alg) {
+    case WARDEN_RS256: case WARDEN_PS256: case WARDEN_ES256: return "SHA256";
+    case WARDEN_RS384: case WARDEN_PS384: case WARDEN_ES384: return "SHA384";
+    case WARDEN_RS512: case WARDEN_PS512: case WARDEN_ES512: return "SHA512";
+    default: return NULL;
+    }
+}
+
+static int expected_kind(warden_alg alg) {
+    switch (alg) {
+    case WARDEN_RS256: case WARDEN_RS384: case WARDEN_RS512:
+    case WARDEN_PS256: case WARDEN_PS384: case WARDEN_PS512: return 1;
+    case WARDEN_ES256: case WARDEN_ES384: case WARDEN_ES512: return 2;
+    case WARDEN_EDDSA: return 3;
+    }
+    return 0;
+}
+
+static int expected_curve(warden_alg alg) {
+    switch (alg) {
+    case WARDEN_ES256: return 256;
+    case WARDEN_ES384: return 384;
+    case WARDEN_ES512: return 521;
+    default: return 0;
+    }
+}
+
+void warden_checker_free(warden_checker *c) {
+    if (c == NULL) return;
+    EVP_MD_free(c->md);
+    EVP_MD_CTX_free(c->md_ctx);
+    EVP_PKEY_CTX_free(c->pkey_ctx);
+    BN_free(c->order);
+    OPENSSL_free(c);
+}
+
+warden_checker *warden_checker_new(const warden_key *key, warden_alg alg) {
+    if (key == NULL || expected_kind(alg) != key->kind) return NULL;
+    if (key->kind == 2 && expected_curve(alg) != key->curve_bits) return NULL;
+
+    warden_checker *c = OPENSSL_zalloc(sizeof(*c));
+    if (c == NULL) return NULL;
+    c->key = key;
+    c->alg = alg;
+    c->md_ctx = EVP_MD_CTX_new();
+    if (c->md_ctx == NULL) goto fail;
+    if (alg == WARDEN_EDDSA) return c;
+
+    c->md = EVP_MD_fetch(NULL, digest_name(alg), NULL);
+    c->pkey_ctx = EVP_PKEY_CTX_new_from_pkey(NULL, key->pkey, NULL);
+    if (c->md == NULL || c->pkey_ctx == NULL) goto fail;
+    if (EVP_PKEY_verify_init(c->pkey_ctx) <= 0) goto fail;
+    if (EVP_PKEY_CTX_set_signature_md(c->pkey_ctx, c->md) <= 0) goto fail;
+
+    switch (alg) {
+    case WARDEN_RS256: case WARDEN_RS384: case WARDEN_RS512:
+        if (EVP_PKEY_CTX_set_rsa_padding(c->pkey_ctx, RSA_PKCS1_PADDING) <= 0) goto fail;
+        break;
+    case WARDEN_PS256: case WARDEN_PS384: case WARDEN_PS512:
+        /* RFC 7518 §3.5: MGF1 with the same hash, salt as long as the hash output. */
+        if (EVP_PKEY_CTX_set_rsa_padding(c->pkey_ctx, RSA_PKCS1_PSS_PADDING) <= 0 ||
+            EVP_PKEY_CTX_set_rsa_mgf1_md(c->pkey_ctx, c->md) <= 0 ||
+            EVP_PKEY_CTX_set_rsa_pss_saltlen(c->pkey_ctx, RSA_PSS_SALTLEN_DIGEST) <= 0) goto fail;
+        break;
+    case WARDEN_ES256: case WARDEN_ES384: case WARDEN_ES512: {
+        int nid = key->curve_bits == 256 ? NID_X9_62_prime256v1
+                : key->curve_bits == 384 ? NID_secp384r1 : NID_secp521r1;
+        EC_GROUP *group = EC_GROUP_new_by_curve_name(nid);
+        if (group == NULL) goto fail;
+        c->order = BN_dup(EC_GROUP_get0_order(group));
+        EC_GROUP_free(group);
+        if (c->order == NULL) goto fail;
+        c->coordinate_len = coordinate_len(key->curve_bits);
+        break;
+    }
+    default:
+        goto fail;
+    }
+    return c;
+fail:
+    warden_checker_free(c);
+    return NULL;
+}
+
+/* JWS carries ECDSA signatures as R || S of fixed size (RFC 7518 §3.4); OpenSSL wants DER.
+   Both halves must lie in [1, n-1] (CVE-2022-21449). Returns the DER length or 0. */
+static int ecdsa_der(const warden_checker *c, const uint8_t *sig, size_t sig_len,
+                     uint8_t *out, size_t out_cap) {
+    if (sig_len != 2 * c->coordinate_len) return 0;
+    int result = 0;
+    ECDSA_SIG *esig = NULL;
+    BIGNUM *r = BN_bin2bn(sig, (int)c->coordinate_len, NULL);
+    BIGNUM *s = BN_bin2bn(sig + c->coordinate_len, (int)c->coordinate_len, NULL);
+    if (r == NULL || s == NULL) goto done;
+    if (BN_is_zero(r) || BN_is_zero(s) || BN_cmp(r, c->order) >= 0 || BN_cmp(s, c->order) >= 0) goto done;
+    esig = ECDSA_SIG_new();
+    if (esig == NULL || ECDSA_SIG_set0(esig, r, s) != 1) goto done;
+    r = s = NULL; /* owned by esig now */
+    int len = i2d_ECDSA_SIG(esig, NULL);
+    if (len <= 0 || (size_t)len > out_cap) goto done;
+    uint8_t *p = out;
+    result = i2d_ECDSA_SIG(esig, &p);
+done:
+    BN_free(r);
+    BN_free(s);
+    ECDSA_SIG_free(esig);
+    return result > 0 ? result : 0;
+}
+
+int warden_checker_verify(warden_checker *c, const uint8_t *message, size_t message_len,
+                          const uint8_t *signature, size_t signature_len) {
+    if (c == NULL || signature_len == 0) return 0;
+
+    if (c->alg == WARDEN_EDDSA) {
+        if (signature_len != 64) return 0;
+        if (EVP_MD_CTX_reset(c->md_ctx) != 1) return 0;
+        if (EVP_DigestVerifyInit_ex(c->md_ctx, NULL, NULL, NULL, NULL, c->key->pkey, NULL) != 1) return 0;
+        return EVP_DigestVerify(c->md_ctx, signature, signature_len, message, message_len) == 1;
+    }
+
+    uint8_t digest[EVP_MAX_MD_SIZE];
+    unsigned int digest_len = 0;
+    if (EVP_DigestInit_ex2(c->md_ctx, c->md, NULL) != 1 ||
+        EVP_DigestUpdate(c->md_ctx, message, message_len) != 1 ||
+        EVP_DigestFinal_ex(c->md_ctx, digest, &digest_len) != 1) return 0;
+
+    if (c->order != NULL) {
+        uint8_t der[160];
+        int der_len = ecdsa_der(c, signature, signature_len, der, sizeof(der));
+        if (der_len == 0) return 0;
+        return EVP_PKEY_verify(c->pkey_ctx, der, (size_t)der_len, digest, digest_len) == 1;
+    }
+    /* RSA: the signature is exactly as long as the modulus (RFC 7518 §3.3). */
+    if (signature_len != (size_t)EVP_PKEY_get_size(c->key->pkey)) return 0;
+    return EVP_PKEY_verify(c->pkey_ctx, signature, signature_len, digest, digest_len) == 1;
+}

@@ -1,0 +1,359 @@
+public import SecurityEvents
+
+/// The protected header of a verified token.
+public struct JOSEHeader: Sendable, Hashable {
+    public var algorithm: JOSEAlgorithm
+    public var keyID: String
+    public var type: String?
+    public var members: JSONObject
+}
+
+/// A token that passed every check.
+public struct VerifiedSET: Sendable {
+    public var token: SecurityEventToken
+    public var header: JOSEHeader
+    public var profile: TokenProfile
+    /// RFC 7638 thumbprint of the key that verified the signature.
+    public var keyThumbprint: String
+    /// The JWK that verified the signature (public members only), for the key archive.
+    public var key: JSONObject
+}
+
+/// Verifies compact SETs against per-issuer policy. Checks, in order: size and shape, header
+/// (alg allow-list, no key material or URLs, no `crit`, no `zip`), issuer, key by `kid`,
+/// signature, then claims (`events`, `jti`, `iat`, `aud`, profile rules).
+public final class SETVerifier: Sendable {
+    public struct Issuer: Sendable {
+        public let policy: IssuerPolicy
+        public let keys: IssuerKeyCache
+
+        public init(policy: IssuerPolicy, keys: IssuerKeyCache) {
+            self.policy = policy
+            self.keys = keys
+        }
+    }
+
+    /// Largest token accepted, checked before anything else. Default 64 KiB.
+    public let maximumTokenBytes: Int
+    let issuers: [String: Issuer]
+    let clock: WallClock
+
+    public static let defaultMaximumTokenBytes = 64 * 1024
+
+    public init(issuers: [Issuer], maximumTokenBytes: Int = SETVerifier.defaultMaximumTokenBytes,
+                clock: WallClock = .system) {
+        self.issuers = Dictionary(issuers.map { ($0.policy.issuer, $0) }, uniquingKeysWith: { first, _ in first })
+        self.maximumTokenBytes = maximumTokenBytes
+        self.clock = clock
+    }
+
+    public var configuredIssuers: [Issuer] { Array(issuers.values) }
+
+    public func verify(_ token: String) async -> Result<VerifiedSET, VerificationError> {
+        await verify(Array(token.utf8))
+    }
+
+    /// Verifies a compact JWS given as bytes (a Kafka message value, a request body).
+    public func verify(_ token: some Collection<UInt8>) async -> Result<VerifiedSET, VerificationError> {
+        let limit = maximumTokenBytes
+        let parse = { (buffer: UnsafeBufferPointer<UInt8>) in
+            Result { () throws(VerificationError) -> ParsedToken in try ParsedToken(buffer, maximumBytes: limit) }
+        }
+        let parsing = token.withContiguousStorageIfAvailable(parse) ?? Array(token).withUnsafeBufferPointer(parse)
+        let parsed: ParsedToken
+        let issuer: Issuer
+        do {
+            parsed = try parsing.get()
+            issuer = try selectIssuer(parsed)
+        } catch {
+            return .failure(error)
+        }
+        // Keys: the published snapshot when it is fresh and has the kid; the cache otherwise.
+        var entry: KeySetEntry? = nil
+        if let snapshot = issuer.keys.currentSnapshot(), clock.now() < snapshot.expiresAt {
+            entry = snapshot.keys[parsed.keyID]
+        }
+        if entry == nil {
+            switch await issuer.keys.keys() {
+            case .unavailable(let reason): return .failure(VerificationError(.keysUnavailable, reason))
+            case .keys(let keys): entry = keys[parsed.keyID]
+            }
+        }
+        if entry == nil {
+            switch await issuer.keys.keysAfterUnknownKeyID() {
+            case .unavailable(let reason): return .failure(VerificationError(.keysUnavailable, reason))
+            case .keys(let keys): entry = keys[parsed.keyID]
+            }
+            if entry == nil, let failure = await issuer.keys.lastFetchFailure {
+                // The provider may have rotated to a key we cannot fetch yet: not a verdict.
+                return .failure(VerificationError(.keysUnavailable,
+                    "no key \(quoted(parsed.keyID)) is cached for issuer \(quoted(issuer.policy.issuer)) and the JWKS cannot be fetched: \(failure)"))
+            }
+        }
+        do {
+            return .success(try finish(parsed, issuer: issuer, entry: entry))
+        } catch {
+            return .failure(error)
+        }
+    }
+
+    private func selectIssuer(_ parsed: ParsedToken) throws(VerificationError) -> Issuer {
+        guard let issValue = parsed.claims["iss"] else {
+            throw VerificationError(.missingClaim, "the token has no \"iss\" claim")
+        }
+        guard let iss = issValue.stringValue else {
+            throw VerificationError(.invalidClaim, "\"iss\" must be a string, not \(issValue.typeName)")
+        }
+        guard let issuer = issuers[iss] else {
+            throw VerificationError(.unknownIssuer, "the issuer \(quoted(iss)) is not configured (configured: \(issuers.keys.sorted().map { quoted($0) }.joined(separator: ", ")))")
+        }
+        let policy = issuer.policy
+        guard policy.algorithms.contains(parsed.algorithm) else {
+            throw VerificationError(.unsupportedAlgorithm, "the algorithm \(parsed.algorithm.rawValue) is not allowed for issuer \(quoted(iss)) (allowed: \(policy.algorithms.sorted().map(\.rawValue).joined(separator: ", ")))")
+        }
+        try checkType(parsed.type, profile: policy.profile)
+        return issuer
+    }
+
+    private func checkType(_ typ: String?, profile: TokenProfile) throws(VerificationError) {
+        // RFC 7515 §4.1.9: a typ without "/" means application/<typ>; compared case-insensitively.
+        let normalized = typ.map { t -> String in
+            let lower = t.lowercased()
+            return lower.hasPrefix("application/") ? String(lower.dropFirst("application/".count)) : lower
+        }
+        switch profile {
+        case .ssf:
+            guard let normalized else {
+                throw VerificationError(.wrongType, "the header has no \"typ\"; SSF requires \"secevent+jwt\"")
+            }
+            guard normalized == "secevent+jwt" else {
+                throw VerificationError(.wrongType, "the header's typ \(quoted(typ!)) is not \"secevent+jwt\"")
+            }
+        case .risc:
+            // Google does not document typ: absent, generic JWT, or secevent+jwt are accepted;
+            // any other typed JWT (at+jwt, logout+jwt, …) is another kind of token.
+            if let normalized, normalized != "secevent+jwt", normalized != "jwt" {
+                throw VerificationError(.wrongType, "the header's typ \(quoted(typ!)) is not a Security Event Token type")
+            }
+        case .logout:
+            if let normalized, normalized != "logout+jwt", normalized != "jwt" {
+                throw VerificationError(.wrongType, "the header's typ \(quoted(typ!)) is not \"logout+jwt\"")
+            }
+        }
+    }
+
+    private func finish(_ parsed: ParsedToken, issuer: Issuer, entry: KeySetEntry?) throws(VerificationError) -> VerifiedSET {
+        let policy = issuer.policy
+        let key: VerificationKey
+        switch entry {
+        case nil:
+            throw VerificationError(.unknownKeyID, "issuer \(quoted(policy.issuer)) has no key with kid \(quoted(parsed.keyID)) in its JWKS")
+        case .unusable(_, let reason)?:
+            throw VerificationError(.unusableKey, "the key \(quoted(parsed.keyID)) cannot be used: \(reason)")
+        case .usable(let k)?:
+            key = k
+        }
+        guard key.algorithms.contains(parsed.algorithm) else {
+            throw VerificationError(.algorithmMismatch, "the key \(quoted(parsed.keyID)) is a \(key.family.rawValue) key for \(key.algorithms.sorted().map(\.rawValue).joined(separator: "/")), but the token says \(parsed.algorithm.rawValue)")
+        }
+        let valid = parsed.signature.withUnsafeBytes { signature in
+            parsed.signingInput.withUnsafeBytes { message in
+                key.isValidSignature(signature, for: message, algorithm: parsed.algorithm)
+            }
+        }
+        guard valid else {
+            throw VerificationError(.badSignature, "the signature does not verify with key \(quoted(parsed.keyID)) (\(parsed.algorithm.rawValue))")
+        }
+
+        // Authenticated from here on: the claims may be trusted to say what the issuer said.
+        let set: SecurityEventToken
+        do {
+            set = try SecurityEventToken.parse(claims: parsed.claims)
+        } catch {
+            switch error.kind {
+            case .missingClaim: throw VerificationError(.missingClaim, error.message)
+            case .invalidClaim: throw VerificationError(.invalidClaim, error.message)
+            case .invalidEvent: throw VerificationError(.invalidEvent, error.message)
+            case .invalidSubject: throw VerificationError(.invalidSubject, error.message)
+            }
+        }
+        try checkAudience(set, policy: policy)
+        try checkTimes(set, policy: policy)
+        try checkProfile(set, policy: policy)
+        return VerifiedSET(token: set, header: JOSEHeader(algorithm: parsed.algorithm, keyID: parsed.keyID,
+                                                          type: parsed.type, members: parsed.header),
+                           profile: policy.profile, keyThumbprint: key.thumbprint, key: key.jwk)
+    }
+
+    private func checkAudience(_ set: SecurityEventToken, policy: IssuerPolicy) throws(VerificationError) {
+        guard set.claims["aud"] != nil else {
+            throw VerificationError(.audienceMismatch, "the token has no \"aud\" claim; it must name one of this receiver's audiences")
+        }
+        guard set.audience.contains(where: policy.audiences.contains) else {
+            throw VerificationError(.audienceMismatch, "the token's audience \(set.audience.prefix(3).map { quoted($0) }.joined(separator: ", ")) does not include any configured audience for issuer \(quoted(policy.issuer))")
+        }
+    }
+
+    private func checkTimes(_ set: SecurityEventToken, policy: IssuerPolicy) throws(VerificationError) {
+        let now = clock.now()
+        if set.issuedAt > now + policy.clockSkew {
+            throw VerificationError(.issuedInFuture, "\"iat\" is \(Int(set.issuedAt - now)) s in the future; at most \(Int(policy.clockSkew)) s of clock skew is allowed")
+        }
+        if let maximumAge = policy.maximumAge, now - set.issuedAt > maximumAge {
+            throw VerificationError(.tooOld, "the token was issued \(Int(now - set.issuedAt)) s ago; the configured maximum age is \(Int(maximumAge)) s")
+        }
+    }
+
+    private func checkProfile(_ set: SecurityEventToken, policy: IssuerPolicy) throws(VerificationError) {
+        let logoutURI = EventType.backchannelLogout.uri
+        let hasLogoutEvent = set.events.contains { $0.type.uri == logoutURI }
+        switch policy.profile {
+        case .risc, .ssf:
+            if hasLogoutEvent {
+                throw VerificationError(.wrongKindOfToken, "the token is a back-channel logout token, not a Security Event Token for this issuer")
+            }
+            if policy.profile == .ssf {
+                if set.claims["sub"] != nil {
+                    throw VerificationError(.invalidClaim, "SSF tokens must not carry \"sub\"; the subject belongs in \"sub_id\"")
+                }
+                if set.claims["exp"] != nil {
+                    throw VerificationError(.invalidClaim, "SSF tokens must not carry \"exp\"")
+                }
+                if set.subjectIdentifier == nil {
+                    throw VerificationError(.missingClaim, "the token has no \"sub_id\" claim, which SSF requires")
+                }
+            }
+            // SETs are not checked for exp (Google's guide: they describe past events).
+            for event in set.events {
+                if let definition = event.type.definition, definition.subject == .expected, event.subject == nil {
+                    throw VerificationError(.invalidEvent, "event \(definition.name) has no subject (neither \"subject\" in the event nor \"sub_id\")")
+                }
+            }
+        case .logout:
+            guard hasLogoutEvent else {
+                throw VerificationError(.wrongKindOfToken, "the token's events lack \(logoutURI), so it is not a logout token")
+            }
+            guard let exp = set.expiration else {
+                throw VerificationError(.missingClaim, "the logout token has no \"exp\" claim")
+            }
+            if clock.now() > exp + policy.clockSkew {
+                throw VerificationError(.expired, "the logout token expired \(Int(clock.now() - exp)) s ago")
+            }
+            if set.claims["nonce"] != nil {
+                throw VerificationError(.invalidClaim, "a logout token must not carry \"nonce\"")
+            }
+            let sid = set.claims["sid"]
+            if let sid, sid.stringValue == nil {
+                throw VerificationError(.invalidClaim, "\"sid\" must be a string")
+            }
+            if set.subject == nil && sid == nil {
+                throw VerificationError(.missingClaim, "the logout token has neither \"sub\" nor \"sid\"")
+            }
+        }
+    }
+}
+
+/// The pieces of a compact JWS, checked for shape and header rules but not yet authenticated.
+struct ParsedToken {
+    var header: JSONObject
+    var algorithm: JOSEAlgorithm
+    var keyID: String
+    var type: String?
+    var claims: JSONObject
+    var signature: [UInt8]
+    /// The JWS signing input: the token up to its second dot.
+    var signingInput: [UInt8]
+
+    /// Header members that carry keys or point at them (SPEC §4 row 3): never used, so refused.
+    static let keyMaterialMembers = ["jwk", "jku", "x5u", "x5c"]
+
+    init(_ token: UnsafeBufferPointer<UInt8>, maximumBytes: Int) throws(VerificationError) {
+        guard token.count <= maximumBytes else {
+            throw VerificationError(.tooLarge, "the token is \(token.count) bytes; the limit is \(maximumBytes)")
+        }
+        guard !token.isEmpty else { throw VerificationError(.malformed, "the token is empty") }
+        var dots: [Int] = []
+        for i in token.indices where token[i] == UInt8(ascii: ".") {
+            dots.append(i)
+            if dots.count > 4 { break }
+        }
+        if dots.count == 4 {
+            throw VerificationError(.encrypted, "the token is an encrypted JWT (JWE, five parts); only signed compact SETs (JWS) are accepted")
+        }
+        guard dots.count == 2 else {
+            throw VerificationError(.malformed, "a compact JWS has three dot-separated parts; this token has \(min(dots.count, 5) + 1)")
+        }
+        let headerPart = UnsafeBufferPointer(rebasing: token[..<dots[0]])
+        let payloadPart = UnsafeBufferPointer(rebasing: token[(dots[0] + 1)..<dots[1]])
+        let signaturePart = UnsafeBufferPointer(rebasing: token[(dots[1] + 1)...])
+        guard !headerPart.isEmpty, !payloadPart.isEmpty else {
+            throw VerificationError(.malformed, "the token's header or payload part is empty")
+        }
+        guard !signaturePart.isEmpty else {
+            throw VerificationError(.unsupportedAlgorithm, "the token has no signature; unsigned tokens are never accepted")
+        }
+
+        let header = try Self.decodeObject(headerPart, part: "header")
+        // alg first: an unsigned or HMAC token is refused whatever else it says.
+        guard let algValue = header["alg"] else { throw VerificationError(.malformed, "the header has no \"alg\"") }
+        guard let algName = algValue.stringValue else { throw VerificationError(.malformed, "the header's \"alg\" must be a string") }
+        guard let algorithm = JOSEAlgorithm(rawValue: algName) else {
+            throw VerificationError(.unsupportedAlgorithm, JOSEAlgorithm.refusal(for: algName))
+        }
+        for name in Self.keyMaterialMembers where header[name] != nil {
+            throw VerificationError(.headerKeyMaterial, "the header carries \"\(name)\"; keys are taken only from the issuer's published JWKS, never from the token")
+        }
+        if header["crit"] != nil {
+            throw VerificationError(.criticalHeader, "the header lists critical extensions (\"crit\"), none of which are supported")
+        }
+        if header["zip"] != nil {
+            throw VerificationError(.compressed, "the header asks for compression (\"zip\"), which JWS does not allow")
+        }
+        if header["enc"] != nil {
+            throw VerificationError(.encrypted, "the header has \"enc\": encrypted tokens are not accepted")
+        }
+        if header["b64"] != nil {
+            throw VerificationError(.criticalHeader, "the header has \"b64\" (unencoded payload), which is not supported")
+        }
+        guard let kidValue = header["kid"] else {
+            throw VerificationError(.missingKeyID, "the header has no \"kid\"; the signing key must be named")
+        }
+        guard let kid = kidValue.stringValue, !kid.isEmpty, kid.utf8.count <= KeySet.maximumKeyIDLength else {
+            throw VerificationError(.missingKeyID, "the header's \"kid\" must be a non-empty string of at most \(KeySet.maximumKeyIDLength) bytes")
+        }
+        var type: String? = nil
+        if let typValue = header["typ"] {
+            guard let t = typValue.stringValue else { throw VerificationError(.wrongType, "the header's \"typ\" must be a string") }
+            type = t
+        }
+        guard let signature = Base64URL.decode(buffer: signaturePart) else {
+            throw VerificationError(.malformed, "the signature part is not unpadded base64url")
+        }
+        self.header = header
+        self.algorithm = algorithm
+        self.keyID = kid
+        self.type = type
+        self.claims = try Self.decodeObject(payloadPart, part: "payload")
+        self.signature = signature
+        self.signingInput = Array(UnsafeBufferPointer(rebasing: token[..<dots[1]]))
+    }
+
+    static func decodeObject(_ part: UnsafeBufferPointer<UInt8>, part name: String) throws(VerificationError) -> JSONObject {
+        guard let bytes = Base64URL.decode(buffer: part) else {
+            throw VerificationError(.malformed, "the \(name) part is not unpadded base64url")
+        }
+        let value: JSONValue
+        do {
+            value = try JSONParser.parse(bytes)
+        } catch {
+            if case .duplicateMember(let member) = error.kind {
+                throw VerificationError(.duplicateMember, "the \(name) has the member \(quoted(member)) more than once")
+            }
+            throw VerificationError(.malformed, "the \(name) is not valid JSON: \(error)")
+        }
+        guard let object = value.objectValue else {
+            throw VerificationError(.malformed, "the \(name) must be a JSON object, not \(value.typeName)")
+        }
+        return object
+    }
+}

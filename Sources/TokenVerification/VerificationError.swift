@@ -1,0 +1,79 @@
+/// RFC 8935 §2.3 / SSF error codes, as the push receiver answers them in its 400 body.
+public enum SETErrorCode: String, Sendable, Hashable, CaseIterable {
+    case invalidRequest = "invalid_request"
+    case invalidKey = "invalid_key"
+    case invalidIssuer = "invalid_issuer"
+    case invalidAudience = "invalid_audience"
+    case authenticationFailed = "authentication_failed"
+    case accessDenied = "access_denied"
+    case invalidState = "invalid_state"
+}
+
+/// Why a token was not accepted. `kind` is precise; `code` is the RFC 8935 code it maps to;
+/// `description` says what was wrong in words a person can act on and never contains the
+/// token or any configured secret.
+public struct VerificationError: Error, Sendable, Equatable, CustomStringConvertible {
+    public enum Kind: String, Sendable, Hashable, CaseIterable {
+        // Format (invalid_request)
+        case tooLarge = "too-large"
+        case malformed
+        case encrypted
+        case duplicateMember = "duplicate-member"
+        case headerKeyMaterial = "header-key-material"
+        case criticalHeader = "critical-header"
+        case compressed
+        case wrongType = "wrong-type"
+        case missingClaim = "missing-claim"
+        case invalidClaim = "invalid-claim"
+        case invalidEvent = "invalid-event"
+        case invalidSubject = "invalid-subject"
+        case issuedInFuture = "issued-in-future"
+        case tooOld = "too-old"
+        case expired
+        case wrongKindOfToken = "wrong-kind-of-token"
+        // Keys and signatures (invalid_key)
+        case unsupportedAlgorithm = "unsupported-algorithm"
+        case missingKeyID = "missing-key-id"
+        case unknownKeyID = "unknown-key-id"
+        case unusableKey = "unusable-key"
+        case algorithmMismatch = "algorithm-mismatch"
+        case badSignature = "bad-signature"
+        // Issuer and audience
+        case unknownIssuer = "unknown-issuer"
+        case audienceMismatch = "audience-mismatch"
+        // Not a verdict on the token: the issuer's keys could not be obtained. Retry later.
+        case keysUnavailable = "keys-unavailable"
+    }
+
+    public var kind: Kind
+    public var description: String
+
+    public init(_ kind: Kind, _ description: String) {
+        self.kind = kind
+        self.description = description
+    }
+
+    /// The RFC 8935 code; nil for `keysUnavailable`, which is not a verdict on the token.
+    public var code: SETErrorCode? {
+        switch kind {
+        case .keysUnavailable: nil
+        case .unsupportedAlgorithm, .missingKeyID, .unknownKeyID, .unusableKey, .algorithmMismatch, .badSignature: .invalidKey
+        case .unknownIssuer: .invalidIssuer
+        case .audienceMismatch: .invalidAudience
+        default: .invalidRequest
+        }
+    }
+
+    /// Whether the same token may verify later (the issuer's keys were unreachable).
+    public var isRetryable: Bool { kind == .keysUnavailable }
+
+    /// The code to report: the RFC 8935 code, or `keys_unavailable`.
+    public var reportedCode: String { code?.rawValue ?? "keys_unavailable" }
+}
+
+/// Shortens untrusted text before it goes into an error message or a log.
+func quoted(_ text: String, limit: Int = 80) -> String {
+    let cleaned = String(text.unicodeScalars.map { $0.value < 0x20 || $0.value == 0x7F ? "?" : Character($0) })
+    if cleaned.count <= limit { return "\"\(cleaned)\"" }
+    return "\"\(cleaned.prefix(limit))…\""
+}

@@ -1,0 +1,105 @@
+public import ArgumentParser
+import AsyncHTTPClient
+import Foundation
+import Logging
+import SecurityEvents
+import TokenVerification
+
+/// The `warden` command line.
+public struct WardenCommand: AsyncParsableCommand {
+    public static let configuration = CommandConfiguration(
+        commandName: "warden",
+        abstract: "Verifies Security Event Tokens and acts on them.",
+        subcommands: [Verify.self]
+    )
+
+    public init() {}
+
+    /// Runs the command line and exits with Warden's exit codes: 0 success, 1 invalid token,
+    /// 2 usage or configuration error, 3 keys unavailable.
+    public static func runMain(arguments: [String]? = nil) async -> Never {
+        do {
+            var command = try parseAsRoot(arguments)
+            if var asyncCommand = command as? any AsyncParsableCommand {
+                try await asyncCommand.run()
+            } else {
+                try command.run()
+            }
+            Foundation.exit(0)
+        } catch let code as ExitCode {
+            Foundation.exit(code.rawValue)
+        } catch {
+            let exitCode = Self.exitCode(for: error)
+            if exitCode.rawValue == 0 {
+                // --help, --version
+                print(fullMessage(for: error))
+                Foundation.exit(0)
+            }
+            FileHandle.standardError.write(Data((fullMessage(for: error) + "\n").utf8))
+            if exitCode == .validationFailure || error is ConfigError { Foundation.exit(2) }
+            Foundation.exit(exitCode.rawValue == 1 ? 2 : exitCode.rawValue)
+        }
+    }
+}
+
+/// Exit codes of `warden verify`.
+public enum VerifyExit: Int32 {
+    case valid = 0, invalid = 1, usage = 2, keysUnavailable = 3
+}
+
+extension WardenCommand {
+    public struct Verify: AsyncParsableCommand {
+        public static let configuration = CommandConfiguration(
+            abstract: "Verifies one SET and prints one JSON object.",
+            discussion: """
+            Exit status: 0 valid, 1 invalid (the object names the RFC 8935 error code), \
+            2 usage or configuration error, 3 the issuer's keys are unavailable (retry later).
+            """
+        )
+
+        @Option(name: .long, help: "The configuration file (YAML).")
+        var config: String
+
+        @Argument(help: "The compact SET, or - to read it from standard input.")
+        var token: String = "-"
+
+        public init() {}
+
+        public func run() async throws {
+            let configuration: WardenConfiguration
+            do {
+                configuration = try WardenConfiguration.load(path: config)
+            } catch {
+                FileHandle.standardError.write(Data("warden: \(error)\n".utf8))
+                throw ExitCode(VerifyExit.usage.rawValue)
+            }
+            let raw: [UInt8]
+            if token == "-" {
+                let input = FileHandle.standardInput.readDataToEndOfFile()
+                raw = Array(Self.trimmed(Array(input)))
+            } else {
+                raw = Array(Self.trimmed(Array(token.utf8)))
+            }
+            var logger = Logger(label: "warden")
+            logger.logLevel = ProcessInfo.processInfo.environment["WARDEN_LOG_LEVEL"].flatMap(Logger.Level.init(rawValue:)) ?? .critical
+            let client = HTTPClient(eventLoopGroupProvider: .singleton,
+                                    configuration: .init(redirectConfiguration: .disallow))
+            let verifier = configuration.makeVerifier(client: client, logger: logger)
+            let result = await verifier.verify(raw)
+            try? await client.shutdown()
+            print(VerificationReport.json(result).jsonText)
+            switch result {
+            case .success: return
+            case .failure(let error) where error.isRetryable: throw ExitCode(VerifyExit.keysUnavailable.rawValue)
+            case .failure: throw ExitCode(VerifyExit.invalid.rawValue)
+            }
+        }
+
+        static func trimmed(_ bytes: [UInt8]) -> ArraySlice<UInt8> {
+            let isSpace: (UInt8) -> Bool = { $0 == 0x20 || $0 == 0x09 || $0 == 0x0A || $0 == 0x0D }
+            guard let start = bytes.firstIndex(where: { !isSpace($0) }),
+                  let end = bytes.lastIndex(where: { !isSpace($0) }) else { return [] }
+            return bytes[start...end]
+        }
+    }
+}

@@ -1,0 +1,139 @@
+public import Foundation
+public import TokenVerification
+
+/// Everything a configuration file says, validated. Built in one place from the YAML and the
+/// `WARDEN_…` environment overrides.
+public struct WardenConfiguration: Sendable {
+    public var issuers: [IssuerPolicy]
+    /// Largest token accepted before any parsing. Default 64 KiB.
+    public var maximumTokenBytes: Int
+
+    /// Top-level sections of the product's configuration. Sections other parts of Warden read
+    /// are accepted here and validated by those parts.
+    static let topLevelKeys = ["issuers", "max-token-size", "kafka", "http", "receiver", "ledger", "subjects",
+                               "targets", "token-stores", "policy", "poll", "logging"]
+    static let issuerKeys = ["issuer", "discovery", "jwks-uri", "jwks_uri", "jwks-file", "audiences", "algorithms",
+                             "profile", "fetch-timeout", "clock-skew", "max-age", "key-refresh-cooldown",
+                             "key-retry-interval", "max-key-staleness", "min-key-lifetime", "max-key-lifetime"]
+
+    public static func load(path: String, environment: [String: String] = ProcessInfo.processInfo.environment)
+        throws(ConfigError) -> WardenConfiguration
+    {
+        guard let data = FileManager.default.contents(atPath: path) else {
+            throw ConfigError(path: "", "cannot read the configuration file \(path)")
+        }
+        guard let text = String(data: data, encoding: .utf8) else {
+            throw ConfigError(path: "", "the configuration file \(path) is not UTF-8 text")
+        }
+        let base = URL(fileURLWithPath: path).deletingLastPathComponent()
+        return try parse(yaml: text, environment: environment, baseDirectory: base)
+    }
+
+    public static func parse(yaml: String, environment: [String: String] = [:],
+                             baseDirectory: URL = URL(fileURLWithPath: ".")) throws(ConfigError) -> WardenConfiguration {
+        let root = ConfigReader(tree: try ConfigTree.parse(yaml: yaml), environment: environment, baseDirectory: baseDirectory)
+        try root.requireOnly(topLevelKeys)
+
+        var issuers: [IssuerPolicy] = []
+        let issuerReaders = try root.child("issuers").list()
+        if issuerReaders.isEmpty { throw root.child("issuers").error("at least one issuer is required") }
+        for reader in issuerReaders {
+            let policy = try issuer(reader)
+            if issuers.contains(where: { $0.issuer == policy.issuer }) {
+                throw reader.child("issuer").error("the issuer \"\(policy.issuer)\" is configured twice")
+            }
+            issuers.append(policy)
+        }
+        let maximum = try root.child("max-token-size").byteSize() ?? SETVerifier.defaultMaximumTokenBytes
+        return WardenConfiguration(issuers: issuers, maximumTokenBytes: maximum)
+    }
+
+    static func issuer(_ r: ConfigReader) throws(ConfigError) -> IssuerPolicy {
+        try r.requireOnly(issuerKeys)
+        let issuer = try r.child("issuer").requiredString()
+        guard let issuerURL = URL(string: issuer), issuerURL.scheme != nil, issuerURL.host != nil else {
+            throw r.child("issuer").error("\"\(issuer)\" is not an absolute URL")
+        }
+
+        let profileName = try r.child("profile").string() ?? "risc"
+        guard let profile = TokenProfile(rawValue: profileName) else {
+            throw r.child("profile").error("\"\(profileName)\" is not one of risc, ssf, logout")
+        }
+
+        // Key source: exactly one of discovery, jwks-uri, jwks-file; default: the profile's well-known discovery.
+        let sources = ["discovery", "jwks-uri", "jwks_uri", "jwks-file"].filter { r.child($0).isPresent }
+        if sources.count > 1 {
+            throw r.error("give only one of discovery, jwks-uri, jwks-file (found \(sources.joined(separator: ", ")))")
+        }
+        let keySource: KeySource
+        switch sources.first {
+        case "discovery"?:
+            keySource = .discovery(try url(r.child("discovery")))
+        case "jwks-uri"?, "jwks_uri"?:
+            keySource = .jwks(try url(r.child(sources[0])))
+        case "jwks-file"?:
+            let (contents, path) = try r.child("jwks-file").fileContents()!
+            do {
+                let keys = try KeySet.parse(jwks: contents)
+                if keys.usableKeys.isEmpty { throw KeySetError(message: "it holds no usable key") }
+            } catch {
+                throw r.child("jwks-file").error("\(path) is not a usable JWKS: \(error)")
+            }
+            keySource = .pinned(document: contents, origin: path)
+        default:
+            guard let derived = KeySource.wellKnownDiscovery(issuer: issuer, profile: profile) else {
+                throw r.child("issuer").error("cannot derive a discovery URL from \"\(issuer)\"")
+            }
+            guard URLRule.isAcceptableForKeys(derived) else {
+                throw r.child("issuer").error("the derived discovery URL \(derived.absoluteString) is not https; give discovery or jwks-uri")
+            }
+            keySource = .discovery(derived)
+        }
+
+        guard let audiences = try r.child("audiences").stringList(), !audiences.isEmpty else {
+            throw r.child("audiences").error("at least one audience (your OAuth client ID or receiver id) is required")
+        }
+
+        var algorithms: Set<JOSEAlgorithm> = [.rs256]
+        if let names = try r.child("algorithms").stringList() {
+            guard !names.isEmpty else { throw r.child("algorithms").error("the list is empty") }
+            algorithms = []
+            for (i, name) in names.enumerated() {
+                guard let alg = JOSEAlgorithm(rawValue: name) else {
+                    throw ConfigError(path: "\(r.child("algorithms").pathText)[\(i)]", JOSEAlgorithm.refusal(for: name))
+                }
+                algorithms.insert(alg)
+            }
+        }
+
+        var cache = KeyCacheSettings()
+        cache.fetchTimeout = try positive(r.child("fetch-timeout")) ?? cache.fetchTimeout
+        cache.unknownKeyCooldown = try r.child("key-refresh-cooldown").duration() ?? cache.unknownKeyCooldown
+        cache.failureRetryInterval = try r.child("key-retry-interval").duration() ?? cache.failureRetryInterval
+        cache.maximumStaleness = try r.child("max-key-staleness").duration() ?? cache.maximumStaleness
+        cache.minimumLifetime = try r.child("min-key-lifetime").duration() ?? cache.minimumLifetime
+        cache.maximumLifetime = try r.child("max-key-lifetime").duration() ?? cache.maximumLifetime
+        if cache.minimumLifetime > cache.maximumLifetime {
+            throw r.child("min-key-lifetime").error("is larger than max-key-lifetime")
+        }
+
+        return IssuerPolicy(issuer: issuer, keySource: keySource, audiences: audiences, algorithms: algorithms,
+                            profile: profile, clockSkew: try r.child("clock-skew").duration(),
+                            maximumAge: try positive(r.child("max-age")), keyCache: cache)
+    }
+
+    static func url(_ r: ConfigReader) throws(ConfigError) -> URL {
+        let text = try r.requiredString()
+        guard let url = URL(string: text), url.host != nil else { throw r.error("\"\(text)\" is not an absolute URL") }
+        guard URLRule.isAcceptableForKeys(url) else {
+            throw r.error("\"\(text)\" must use https (http is allowed only for loopback hosts)")
+        }
+        return url
+    }
+
+    static func positive(_ r: ConfigReader) throws(ConfigError) -> Double? {
+        guard let value = try r.duration() else { return nil }
+        guard value > 0 else { throw r.error("must be greater than zero") }
+        return value
+    }
+}

@@ -1,0 +1,117 @@
+import Foundation
+import HTTPTypes
+import Hummingbird
+import Logging
+import NIOCore
+import Synchronization
+
+/// A real HTTP server on a random loopback port that serves whatever documents a test puts on
+/// it (discovery, JWKS, …), counts the requests per path, can delay its answers, and can be
+/// taken down and brought back on the same port.
+public final class KeyServer: Sendable {
+    public struct Document: Sendable {
+        public var body: String
+        public var status: Int
+        public var headers: [String: String]
+        /// Seconds to wait before answering (to exercise timeouts).
+        public var delay: Double
+
+        public init(body: String, status: Int = 200, headers: [String: String] = [:], delay: Double = 0) {
+            self.body = body
+            self.status = status
+            self.headers = headers
+            self.delay = delay
+        }
+    }
+
+    struct State {
+        var documents: [String: Document] = [:]
+        var counts: [String: Int] = [:]
+        var port: Int = 0
+        var task: Task<Void, any Error>?
+    }
+
+    private let state = Mutex(State())
+
+    public init() {}
+
+    /// Starts a server on 127.0.0.1 and a random port.
+    public static func start() async throws -> KeyServer {
+        let server = KeyServer()
+        try await server.start(port: 0)
+        return server
+    }
+
+    public var port: Int { state.withLock { $0.port } }
+    public var baseURL: String { "http://127.0.0.1:\(port)" }
+
+    public func url(_ path: String) -> String { baseURL + path }
+
+    public func serve(_ path: String, _ document: Document) {
+        state.withLock { $0.documents[path] = document }
+    }
+
+    public func serve(_ path: String, json: String, cacheControl: String? = nil) {
+        var headers = ["Content-Type": "application/json"]
+        if let cacheControl { headers["Cache-Control"] = cacheControl }
+        serve(path, Document(body: json, headers: headers))
+    }
+
+    public func remove(_ path: String) { state.withLock { $0.documents[path] = nil } }
+
+    /// How many requests reached `path` (whatever the answer).
+    public func requests(_ path: String) -> Int { state.withLock { $0.counts[path, default: 0] } }
+    public var totalRequests: Int { state.withLock { $0.counts.values.reduce(0, +) } }
+
+    /// Starts the server (again) on `port`, 0 for a random one.
+    public func start(port: Int) async throws {
+        let (stream, continuation) = AsyncStream<Int>.makeStream()
+        let responder = CallbackResponder<BasicRequestContext> { [self] request, _ in
+            let path = request.uri.path
+            let document = self.state.withLock { s -> Document? in
+                s.counts[path, default: 0] += 1
+                return s.documents[path]
+            }
+            guard let document else { return Response(status: .notFound) }
+            if document.delay > 0 { try await Task.sleep(for: .milliseconds(Int(document.delay * 1000))) }
+            var fields = HTTPFields()
+            for (name, value) in document.headers {
+                if let fieldName = HTTPField.Name(name) { fields[fieldName] = value }
+            }
+            return Response(status: .init(code: document.status), headers: fields,
+                            body: .init(byteBuffer: ByteBuffer(string: document.body)))
+        }
+        var logger = Logger(label: "key-server")
+        logger.logLevel = .critical
+        let app = Application(
+            responder: responder,
+            configuration: .init(address: .hostname("127.0.0.1", port: port)),
+            onServerRunning: { channel in continuation.yield(channel.localAddress?.port ?? 0) },
+            logger: logger
+        )
+        let task = Task { try await app.runService() }
+        var bound = 0
+        for await p in stream {
+            bound = p
+            break
+        }
+        state.withLock {
+            $0.port = bound
+            $0.task = task
+        }
+    }
+
+    /// Takes the server down: connections are refused until `restart()`.
+    public func stop() async {
+        let task = state.withLock { s -> Task<Void, any Error>? in
+            defer { s.task = nil }
+            return s.task
+        }
+        task?.cancel()
+        _ = try? await task?.value
+    }
+
+    public func restart() async throws {
+        try await start(port: port)
+    }
+}

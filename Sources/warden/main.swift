@@ -1,0 +1,3 @@
+import WardenCLI
+
+await WardenCommand.runMain()

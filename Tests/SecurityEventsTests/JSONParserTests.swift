@@ -1,0 +1,77 @@
+import Testing
+@testable import SecurityEvents
+
+@Suite("Strict JSON parser")
+struct JSONParserTests {
+    @Test func parsesAllValueKinds() throws {
+        let value = try JSONParser.parse(#"{"a":1,"b":-2.5e1,"c":"x\u00e9\n","d":[true,false,null],"e":{}}"#)
+        let o = try #require(value.objectValue)
+        #expect(o["a"] == .number(1))
+        #expect(o["b"] == .number(-25))
+        #expect(o["c"] == .string("xé\n"))
+        #expect(o["d"] == .array([.bool(true), .bool(false), .null]))
+        #expect(o["e"] == .object(JSONObject()))
+        #expect(o.names == ["a", "b", "c", "d", "e"])
+    }
+
+    @Test func rejectsDuplicateMemberNames() {
+        #expect(throws: JSONParseError.self) { try JSONParser.parse(#"{"alg":"RS256","alg":"none"}"#) }
+        // Also when the duplicate hides behind an escape.
+        #expect {
+            try JSONParser.parse(#"{"kid":"a","k\u0069d":"b"}"#)
+        } throws: { error in
+            (error as? JSONParseError)?.kind == .duplicateMember("kid")
+        }
+        // And in objects large enough to use the hashed check.
+        var members = (0..<40).map { "\"m\($0)\":\($0)" }
+        members.append("\"m7\":0")
+        #expect(throws: JSONParseError.self) { try JSONParser.parse("{" + members.joined(separator: ",") + "}") }
+    }
+
+    @Test(arguments: [
+        "", "{", "{\"a\":1,}", "[1,]", "01", "1.", "-", "1e", "{\"a\" 1}", "\"\u{01}\"", "tru", "{} {}",
+        "\"\\ud800\"", "\"\\udc00\"", "\"\\x\"", "NaN", "{'a':1}",
+    ])
+    func rejectsMalformedText(_ text: String) {
+        #expect(throws: JSONParseError.self) { try JSONParser.parse(text) }
+    }
+
+    @Test func rejectsInvalidUTF8() {
+        #expect(throws: JSONParseError.self) { try JSONParser.parse([0x22, 0xC3, 0x28, 0x22]) }
+        #expect(throws: JSONParseError.self) { try JSONParser.parse([0x22, 0xED, 0xA0, 0x80, 0x22]) }  // encoded surrogate
+    }
+
+    @Test func limitsNesting() {
+        let deep = String(repeating: "[", count: 200) + String(repeating: "]", count: 200)
+        #expect(throws: JSONParseError.self) { try JSONParser.parse(deep) }
+    }
+
+    @Test func decodesSurrogatePairs() throws {
+        #expect(try JSONParser.parse(#""\ud83d\ude00""#) == .string("😀"))
+    }
+
+    @Test func serialisesRoundTrip() throws {
+        let text = #"{"iat":1700000000,"x":0.5,"s":"a\"b\\c\u0001","l":[1,{"k":null}]}"#
+        let value = try JSONParser.parse(text)
+        #expect(value.jsonText == #"{"iat":1700000000,"x":0.5,"s":"a\"b\\c\u0001","l":[1,{"k":null}]}"#)
+        #expect(try JSONParser.parse(value.jsonText) == value)
+    }
+}
+
+@Suite("base64url")
+struct Base64URLTests {
+    @Test func roundTrips() {
+        for length in 0..<40 {
+            let bytes = (0..<length).map { UInt8(truncatingIfNeeded: $0 &* 37 &+ 11) }
+            let text = Base64URL.encode(bytes)
+            #expect(!text.contains("=") && !text.contains("+") && !text.contains("/"))
+            #expect(Base64URL.decode(text) == bytes)
+        }
+    }
+
+    @Test(arguments: ["ab=", "a", "ab+c", "ab/c", "ab c", "abc=", "YQ==", "YR", "YWF"])
+    func rejectsNonCanonicalOrForeignText(_ text: String) {
+        // Padding, the standard alphabet, whitespace, impossible lengths and non-zero unused bits.
+        #expect(Base64URL.decode(text) == nil)
+    }
+}

@@ -1,0 +1,223 @@
+import AsyncHTTPClient
+import Foundation
+import SETMinting
+import SecurityEvents
+import Testing
+import TokenVerification
+import WardenTestSupport
+
+/// The key cache against a real local HTTP server: discovery, JWKS, rotation, outages, floods.
+@Suite("Key cache over HTTP", .serialized)
+struct KeyCacheTests {
+    let issuerPath = "/.well-known/risc-configuration"
+    let jwksPath = "/oauth2/v3/certs"
+
+    struct Setup {
+        let server: KeyServer
+        let client: HTTPClient
+        let clock: ManualClock
+        let verifier: SETVerifier
+        let cache: IssuerKeyCache
+        let issuer: String
+
+        func shutdown() async {
+            await server.stop()
+            try? await client.shutdown()
+        }
+    }
+
+    /// The issuer is the server's own origin, so the discovery document can name it.
+    func setUp(keys: [SigningKey] = [Keys.rsa], settings: KeyCacheSettings = KeyCacheSettings(),
+               discoveryIssuer: String? = nil, useDiscovery: Bool = true) async throws -> Setup {
+        let server = try await KeyServer.start()
+        let issuer = server.baseURL + "/"
+        server.serve(issuerPath, json: JSONValue.object(["issuer": .string(discoveryIssuer ?? issuer),
+                                                         "jwks_uri": .string(server.url(jwksPath))]).jsonText)
+        server.serve(jwksPath, json: SETMinter.jwks(keys))
+        let clock = ManualClock()
+        let client = HTTPClient(eventLoopGroupProvider: .singleton)
+        let source: KeySource = useDiscovery ? .discovery(URL(string: server.url(issuerPath))!) : .jwks(URL(string: server.url(jwksPath))!)
+        let policy = IssuerPolicy(issuer: issuer, keySource: source, audiences: [Fixture.audience], keyCache: settings)
+        let cache = IssuerKeyCache(issuer: issuer, source: source, settings: settings, fetcher: HTTPKeyFetcher(client: client),
+                                   clock: clock.wall, logger: Fixture.quietLogger)
+        let verifier = SETVerifier(issuers: [.init(policy: policy, keys: cache)], clock: clock.wall)
+        return Setup(server: server, client: client, clock: clock, verifier: verifier, cache: cache, issuer: issuer)
+    }
+
+    func token(_ s: Setup, key: SigningKey = Keys.rsa) throws -> String {
+        try SETMinter.token(claims: SETMinter.riscClaims(issuer: s.issuer, audience: Fixture.audience, issuedAt: s.clock.now), key: key)
+    }
+
+    @Test func discoversAndVerifies() async throws {
+        let s = try await setUp()
+        #expect(await s.verifier.verify(try token(s)).value != nil)
+        #expect(await s.verifier.verify(try token(s)).value != nil)
+        #expect(s.server.requests(issuerPath) == 1)
+        #expect(s.server.requests(jwksPath) == 1)
+        await s.shutdown()
+    }
+
+    @Test func derivesTheWellKnownDiscoveryURLWithTheIssuerPath() {
+        #expect(KeySource.wellKnownDiscovery(issuer: "https://tr.example.com/t1/", profile: .ssf)?.absoluteString
+                == "https://tr.example.com/.well-known/ssf-configuration/t1")
+        #expect(KeySource.wellKnownDiscovery(issuer: "https://accounts.google.com/", profile: .risc)?.absoluteString
+                == "https://accounts.google.com/.well-known/risc-configuration")
+        #expect(KeySource.wellKnownDiscovery(issuer: "https://op.example.com/tenant", profile: .logout)?.absoluteString
+                == "https://op.example.com/tenant/.well-known/openid-configuration")
+    }
+
+    @Test func refusesADiscoveryDocumentForAnotherIssuer() async throws {
+        let s = try await setUp(discoveryIssuer: "https://accounts.google.com")
+        let result = await s.verifier.verify(try token(s))
+        #expect(result.error?.kind == .keysUnavailable)
+        #expect(result.error?.description.contains("names the issuer") == true)
+        #expect(s.server.requests(jwksPath) == 0)
+        await s.shutdown()
+    }
+
+    @Test func followsKeyRotation() async throws {
+        var settings = KeyCacheSettings()
+        settings.unknownKeyCooldown = 60
+        let s = try await setUp(settings: settings)
+        #expect(await s.verifier.verify(try token(s)).value != nil)
+        // The provider rotates to a new key.
+        s.server.serve(jwksPath, json: SETMinter.jwks([Keys.rsaRotated]))
+        // Within the cooldown after the last fetch, an unknown kid is refused without a request.
+        #expect(await s.verifier.verify(try token(s, key: Keys.rsaRotated)).error?.kind == .unknownKeyID)
+        #expect(s.server.requests(jwksPath) == 1)
+        s.clock.advance(by: 61)
+        #expect(await s.verifier.verify(try token(s, key: Keys.rsaRotated)).value != nil)
+        #expect(s.server.requests(jwksPath) == 2)
+        // The retired key is gone.
+        #expect(await s.verifier.verify(try token(s)).error?.kind == .unknownKeyID)
+        await s.shutdown()
+    }
+
+    @Test func floodOfUnknownKeyIDsCostsOneRequestPerCooldown() async throws {
+        let s = try await setUp()
+        #expect(await s.verifier.verify(try token(s)).value != nil)
+        s.clock.advance(by: 120)  // past the cooldown: one refresh is allowed
+        let before = s.server.requests(jwksPath)
+        let tokens = try (0..<300).map { i in
+            var key = Keys.rsa
+            key.keyID = "random-\(i)-\(UUID().uuidString)"
+            return try token(s, key: key)
+        }
+        let kinds = await withTaskGroup(of: VerificationError.Kind?.self) { group in
+            for t in tokens { group.addTask { await s.verifier.verify(t).error?.kind } }
+            var kinds: [VerificationError.Kind?] = []
+            for await k in group { kinds.append(k) }
+            return kinds
+        }
+        #expect(kinds.allSatisfy { $0 == .unknownKeyID })
+        #expect(s.server.requests(jwksPath) - before == 1)
+        // Still within the cooldown: another flood costs nothing.
+        for t in tokens.prefix(50) { _ = await s.verifier.verify(t) }
+        #expect(s.server.requests(jwksPath) - before == 1)
+        await s.shutdown()
+    }
+
+    @Test func servesCachedKeysWhileTheProviderIsDownThenFailsClosed() async throws {
+        var settings = KeyCacheSettings()
+        settings.maximumStaleness = 3_600
+        let s = try await setUp(settings: settings)
+        #expect(await s.verifier.verify(try token(s)).value != nil)
+        await s.server.stop()
+        // Past the keys' lifetime (1 h default) but within the staleness bound: still verified.
+        s.clock.advance(by: 3_700)
+        #expect(await s.verifier.verify(try token(s)).value != nil)
+        #expect(await s.cache.failureCount >= 1)
+        // Past the bound: no keys, no verdict.
+        s.clock.advance(by: 3_600)
+        let result = await s.verifier.verify(try token(s))
+        #expect(result.error?.kind == .keysUnavailable)
+        #expect(result.error?.isRetryable == true)
+        #expect(result.error?.code == nil)
+        // The provider comes back: verification resumes.
+        try await s.server.restart()
+        s.clock.advance(by: 10)
+        #expect(await s.verifier.verify(try token(s)).value != nil)
+        await s.shutdown()
+    }
+
+    @Test func failsClosedWhenKeysWereNeverLoaded() async throws {
+        let s = try await setUp()
+        await s.server.stop()
+        let result = await s.verifier.verify(try token(s))
+        #expect(result.error?.kind == .keysUnavailable)
+        await s.shutdown()
+    }
+
+    @Test func unknownKeyWhileTheProviderIsDownIsRetryable() async throws {
+        let s = try await setUp()
+        #expect(await s.verifier.verify(try token(s)).value != nil)
+        await s.server.stop()
+        s.clock.advance(by: 120)
+        // A kid we have never seen, and the JWKS cannot be fetched: maybe a rotation we missed.
+        #expect(await s.verifier.verify(try token(s, key: Keys.rsaRotated)).error?.kind == .keysUnavailable)
+        await s.shutdown()
+    }
+
+    @Test func honoursCacheControlWithinBounds() async throws {
+        let s = try await setUp(useDiscovery: false)
+        s.server.serve(jwksPath, json: SETMinter.jwks([Keys.rsa]), cacheControl: "public, max-age=600")
+        #expect(await s.verifier.verify(try token(s)).value != nil)
+        s.clock.advance(by: 500)
+        #expect(await s.verifier.verify(try token(s)).value != nil)
+        #expect(s.server.requests(jwksPath) == 1)
+        s.clock.advance(by: 200)
+        #expect(await s.verifier.verify(try token(s)).value != nil)
+        #expect(s.server.requests(jwksPath) == 2)
+        // A max-age of a year is cut to the 24 h maximum.
+        s.server.serve(jwksPath, json: SETMinter.jwks([Keys.rsa]), cacheControl: "max-age=31536000")
+        s.clock.advance(by: 700)
+        _ = await s.verifier.verify(try token(s))
+        #expect(s.server.requests(jwksPath) == 3)
+        s.clock.advance(by: 86_401)
+        _ = await s.verifier.verify(try token(s))
+        #expect(s.server.requests(jwksPath) == 4)
+        await s.shutdown()
+    }
+
+    @Test func timesOutOnAHangingProvider() async throws {
+        var settings = KeyCacheSettings()
+        settings.fetchTimeout = 0.3
+        let s = try await setUp(settings: settings, useDiscovery: false)
+        s.server.serve(jwksPath, .init(body: SETMinter.jwks([Keys.rsa]), delay: 5))
+        let result = await s.verifier.verify(try token(s))
+        #expect(result.error?.kind == .keysUnavailable)
+        await s.shutdown()
+    }
+
+    @Test func aJWKSWithoutUsableKeysKeepsThePreviousKeys() async throws {
+        let s = try await setUp(useDiscovery: false)
+        #expect(await s.verifier.verify(try token(s)).value != nil)
+        s.server.serve(jwksPath, json: SETMinter.jwks([Keys.rsa1024]))
+        s.clock.advance(by: 3_601)
+        #expect(await s.verifier.verify(try token(s)).value != nil)
+        #expect(await s.cache.lastFetchFailure?.contains("no usable key") == true)
+        await s.shutdown()
+    }
+
+    @Test func neverFetchesHeaderKeyURLs() async throws {
+        let s = try await setUp()
+        s.server.serve("/attacker-keys", json: SETMinter.jwks([Keys.rsaImpostor]))
+        var header = SETMinter.header(for: Keys.rsaImpostor)
+        header["jku"] = .string(s.server.url("/attacker-keys"))
+        let forged = try SETMinter.token(header: header, claims: SETMinter.riscClaims(issuer: s.issuer, audience: Fixture.audience,
+                                                                                     issuedAt: s.clock.now), key: Keys.rsaImpostor)
+        #expect(await s.verifier.verify(forged).error?.kind == .headerKeyMaterial)
+        #expect(s.server.requests("/attacker-keys") == 0)
+        await s.shutdown()
+    }
+
+    @Test func refusesPlainHTTPOutsideLoopback() {
+        #expect(URLRule.isAcceptableForKeys(URL(string: "https://accounts.google.com/x")!))
+        #expect(URLRule.isAcceptableForKeys(URL(string: "http://127.0.0.1:8080/x")!))
+        #expect(URLRule.isAcceptableForKeys(URL(string: "http://localhost/x")!))
+        #expect(URLRule.isAcceptableForKeys(URL(string: "http://[::1]:9/x")!))
+        #expect(!URLRule.isAcceptableForKeys(URL(string: "http://accounts.google.com/x")!))
+        #expect(!URLRule.isAcceptableForKeys(URL(string: "http://127.0.0.1.evil.example/x")!))
+        #expect(!URLRule.isAcceptableForKeys(URL(string: "ftp://127.0.0.1/x")!))
+    }
+}
