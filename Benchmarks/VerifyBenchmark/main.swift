@@ -1,5 +1,6 @@
 // Verified RS256 SETs per second on one core, beside `openssl speed rsa2048`'s verify/s on the
 // same machine. Build and run: `make bench` (release build, pinned to one CPU).
+// Arguments: [seconds per measurement] [openssl verify/s reference].
 import Foundation
 import Logging
 import SETMinting
@@ -12,25 +13,10 @@ struct NoFetch: KeyDocumentFetching {
     }
 }
 
-func opensslVerifyPerSecond(seconds: Int) -> Double? {
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-    process.arguments = ["openssl", "speed", "-seconds", String(seconds), "rsa2048"]
-    let pipe = Pipe()
-    process.standardOutput = pipe
-    process.standardError = FileHandle.nullDevice
-    do { try process.run() } catch { return nil }
-    let data = pipe.fileHandleForReading.readDataToEndOfFile()
-    process.waitUntilExit()
-    let text = String(decoding: data, as: UTF8.self)
-    // "rsa 2048 bits 0.000359s 0.000020s   2788.3  50604.7": verify/s is the last column.
-    guard let line = text.split(separator: "\n").last(where: { $0.hasPrefix("rsa 2048 bits") }),
-          let last = line.split(separator: " ").last else { return nil }
-    return Double(last)
-}
-
 let arguments = CommandLine.arguments
 let seconds = arguments.count > 1 ? Double(arguments[1]) ?? 5 : 5
+// `openssl speed rsa2048`'s verify/s on this machine, measured by `make bench` just before.
+let referenceArgument = arguments.count > 2 ? Double(arguments[2]) : nil
 
 let issuer = "https://accounts.google.com/"
 let audience = "1234-abc.apps.googleusercontent.com"
@@ -55,26 +41,27 @@ for i in 0..<1000 {
 }
 print("token size: \(tokens[0].count) bytes (RS256, 2048-bit key, Google RISC shape)")
 
-func measure(_ label: String, seconds: Double, _ body: (Int) async -> Bool) async -> Double {
-    // Warm-up
-    for i in 0..<200 { _ = await body(i) }
+/// Runs `body` repeatedly for `seconds` and returns calls per second. Nonisolated, so the loop
+/// and the verifier run on the same executor without hopping threads per call.
+nonisolated func measure(seconds: Double, _ body: @Sendable (Int) async -> Bool) async -> Double {
+    for i in 0..<200 { _ = await body(i) }  // warm-up
     let clock = ContinuousClock()
     let start = clock.now
     var count = 0
     let limit = Duration.milliseconds(Int64(seconds * 1000))
     while clock.now - start < limit {
         for _ in 0..<200 {
-            guard await body(count) else { fatalError("\(label): verification failed at \(count)") }
+            guard await body(count) else { fatalError("verification failed at \(count)") }
             count += 1
         }
     }
     let elapsed = clock.now - start
-    let rate = Double(count) / (Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18)
-    return rate
+    return Double(count) / (Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18)
 }
 
-let fullRate = await measure("verify", seconds: seconds) { i in
-    if case .success = await verifier.verify(tokens[i % tokens.count]) { return true }
+let allTokens = tokens
+let fullRate = await measure(seconds: seconds) { @Sendable i in
+    if case .success = await verifier.verify(allTokens[i % allTokens.count]) { return true }
     return false
 }
 
@@ -84,17 +71,32 @@ let token0 = tokens[0]
 let dot = token0.lastIndex(of: UInt8(ascii: "."))!
 let signingInput = Array(token0[..<dot])
 let signature = Base64URL.decode(Array(token0[(dot + 1)...]))!
-let signatureRate = await measure("signature", seconds: seconds) { _ in
+let signatureRate = ProcessInfo.processInfo.environment["BENCH_FULL_ONLY"] != nil ? 1 : await measure(seconds: seconds) { @Sendable _ in
     signature.withUnsafeBytes { sig in signingInput.withUnsafeBytes { usable.isValidSignature(sig, for: $0, algorithm: .rs256) } }
 }
 
-let reference = opensslVerifyPerSecond(seconds: Int(max(seconds, 1)))
+// Breakdown of the parsing side, on the first token's parts.
+let parts = token0.split(separator: UInt8(ascii: "."), omittingEmptySubsequences: false).map { Array($0) }
+let payloadJSON = Base64URL.decode(parts[1])!
+let decodeRate = await measure(seconds: min(seconds, 1)) { @Sendable _ in
+    Base64URL.decode(parts[0]) != nil && Base64URL.decode(parts[1]) != nil && Base64URL.decode(parts[2]) != nil
+}
+let jsonRate = await measure(seconds: min(seconds, 1)) { @Sendable _ in
+    (try? JSONParser.parse(payloadJSON)) != nil
+}
+let claimsObject = try JSONParser.parse(payloadJSON).objectValue!
+let envelopeRate = await measure(seconds: min(seconds, 1)) { @Sendable _ in
+    (try? SecurityEventToken.parse(claims: claimsObject)) != nil
+}
+
 func format(_ x: Double) -> String { String(format: "%.0f", x) }
 print("warden verify (parse + header + key + RS256 + claims): \(format(fullRate)) SETs/s on one core")
 print("warden signature check only (OpenSSL via CWardenCrypto): \(format(signatureRate)) /s")
-if let reference {
+func micros(_ rate: Double) -> String { String(format: "%.2f µs", 1e6 / rate) }
+print("per token: base64url decode of 3 parts \(micros(decodeRate)), JSON parse of the claims \(micros(jsonRate)), SET envelope \(micros(envelopeRate))")
+if let reference = referenceArgument {
     print("openssl speed rsa2048 verify:                           \(format(reference)) /s")
     print(String(format: "ratio warden verify / openssl: %.2f (target ≥ 0.85)", fullRate / reference))
 } else {
-    print("openssl speed could not be run; no reference figure")
+    print("no openssl reference given (make bench measures it)")
 }
