@@ -27,12 +27,11 @@ run: deps
 test: deps
 	$(SWIFT) test
 
-# Release-built benchmark, pinned to one CPU: verified RS256 SETs/s beside openssl speed rsa2048.
+# Release-built benchmark, pinned to one CPU: verified RS256 SETs/s beside openssl speed rsa2048,
+# in alternating rounds.
 bench: deps
 	$(SWIFT) build -c release --product VerifyBenchmark
-	@ref=$$(taskset -c 0 openssl speed -seconds 5 rsa2048 2>/dev/null | awk '/^rsa 2048 bits/ {print $$NF}'); \
-	echo "openssl speed -seconds 5 rsa2048 (CPU 0): $$ref verify/s"; \
-	taskset -c 0 $$($(SWIFT) build -c release --show-bin-path)/VerifyBenchmark 5 $$ref
+	Benchmarks/verify-vs-openssl.sh $$($(SWIFT) build -c release --show-bin-path)/VerifyBenchmark 5
 
 clean:
 	rm -rf .build

@@ -53,33 +53,40 @@ public enum Base64URL {
     public static func decode(buffer: UnsafeBufferPointer<UInt8>) -> [UInt8]? {
         let count = buffer.count
         if count % 4 == 1 { return nil }
-        let table = decodeTable
-        return table.withUnsafeBufferPointer { table -> [UInt8]? in
-            var out = [UInt8]()
-            out.reserveCapacity(count * 3 / 4)
-            var i = 0
-            while i + 4 <= count {
-                let a = table[Int(buffer[i])], b = table[Int(buffer[i + 1])]
-                let c = table[Int(buffer[i + 2])], d = table[Int(buffer[i + 3])]
-                if (a | b | c | d) & 0xC0 != 0 { return nil }
-                let v = UInt32(a) << 18 | UInt32(b) << 12 | UInt32(c) << 6 | UInt32(d)
-                out.append(UInt8(truncatingIfNeeded: v >> 16))
-                out.append(UInt8(truncatingIfNeeded: v >> 8))
-                out.append(UInt8(truncatingIfNeeded: v))
-                i += 4
+        let outputCount = count / 4 * 3 + (count % 4 == 0 ? 0 : count % 4 - 1)
+        var valid = true
+        let out = decodeTable.withUnsafeBufferPointer { table in
+            [UInt8](unsafeUninitializedCapacity: outputCount) { output, initialized in
+                var i = 0, o = 0
+                while i + 4 <= count {
+                    let a = table[Int(buffer[i])], b = table[Int(buffer[i + 1])]
+                    let c = table[Int(buffer[i + 2])], d = table[Int(buffer[i + 3])]
+                    if (a | b | c | d) & 0xC0 != 0 { valid = false; break }
+                    output[o] = a << 2 | b >> 4
+                    output[o + 1] = (b & 0x0F) << 4 | c >> 2
+                    output[o + 2] = (c & 0x03) << 6 | d
+                    i += 4
+                    o += 3
+                }
+                let rest = count - i
+                if valid && rest == 2 {
+                    let a = table[Int(buffer[i])], b = table[Int(buffer[i + 1])]
+                    if (a | b) & 0xC0 != 0 || b & 0x0F != 0 { valid = false } else { output[o] = a << 2 | b >> 4; o += 1 }
+                } else if valid && rest == 3 {
+                    let a = table[Int(buffer[i])], b = table[Int(buffer[i + 1])], c = table[Int(buffer[i + 2])]
+                    if (a | b | c) & 0xC0 != 0 || c & 0x03 != 0 {
+                        valid = false
+                    } else {
+                        output[o] = a << 2 | b >> 4
+                        output[o + 1] = (b & 0x0F) << 4 | c >> 2
+                        o += 2
+                    }
+                }
+                // Unused slots (only when invalid) are zero-filled so the array is fully initialised.
+                for k in o..<outputCount { output[k] = 0 }
+                initialized = outputCount
             }
-            let rest = count - i
-            if rest == 2 {
-                let a = table[Int(buffer[i])], b = table[Int(buffer[i + 1])]
-                if (a | b) & 0xC0 != 0 || b & 0x0F != 0 { return nil }
-                out.append(a << 2 | b >> 4)
-            } else if rest == 3 {
-                let a = table[Int(buffer[i])], b = table[Int(buffer[i + 1])], c = table[Int(buffer[i + 2])]
-                if (a | b | c) & 0xC0 != 0 || c & 0x03 != 0 { return nil }
-                out.append(a << 2 | b >> 4)
-                out.append((b & 0x0F) << 4 | c >> 2)
-            }
-            return out
         }
+        return valid ? out : nil
     }
 }

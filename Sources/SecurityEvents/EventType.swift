@@ -77,12 +77,20 @@ public struct EventDefinition: Sendable, Hashable {
 /// An event-type URI, known or not.
 public struct EventType: Sendable, Hashable, Comparable, CustomStringConvertible {
     public let uri: String
+    /// Position in `EventCatalog.all`, looked up once.
+    private let catalogIndex: Int?
 
-    public init(_ uri: String) { self.uri = uri }
+    public init(_ uri: String) {
+        self.uri = uri
+        self.catalogIndex = EventCatalog.index(of: uri)
+    }
 
     /// The definition, or nil for an event type no spec we implement defines.
-    public var definition: EventDefinition? { EventCatalog.definition(for: uri) }
-    public var isKnown: Bool { definition != nil }
+    public var definition: EventDefinition? { catalogIndex.map { EventCatalog.all[$0] } }
+    public var isKnown: Bool { catalogIndex != nil }
+
+    public static func == (a: EventType, b: EventType) -> Bool { a.uri == b.uri }
+    public func hash(into hasher: inout Hasher) { hasher.combine(uri) }
     /// The short name of a known type; the URI itself otherwise.
     public var name: String { definition?.name ?? uri }
     /// The canonical definition (following aliases).
@@ -229,6 +237,9 @@ public enum EventCatalog {
     }()
 
     private static let byURI: [String: EventDefinition] = Dictionary(all.map { ($0.uri, $0) }, uniquingKeysWith: { a, _ in a })
+    private static let indexByURI: [String: Int] = Dictionary(all.enumerated().map { ($1.uri, $0) }, uniquingKeysWith: { a, _ in a })
+
+    static func index(of uri: String) -> Int? { indexByURI[uri] }
 
     /// Short names map to every definition bearing them (`verification` names both RISC and SSF's).
     private static let byName: [String: [EventDefinition]] = Dictionary(grouping: all, by: \.name)

@@ -83,6 +83,8 @@ public struct JSONObject: Sendable, Hashable, Sequence {
         members.makeIterator()
     }
 
+    mutating func reserve(_ capacity: Int) { members.reserveCapacity(capacity) }
+
     /// Appends without looking for an existing member; the caller has checked uniqueness.
     mutating func appendUnique(_ name: String, _ value: JSONValue) {
         members.append((name, value))
@@ -228,6 +230,7 @@ public enum JSONParser {
             guard depth <= JSONParser.maximumDepth else { throw fail(.tooDeep) }
             index += 1  // {
             var object = JSONObject()
+            object.reserve(8)
             skipWhitespace()
             if index < buffer.count, buffer[index] == UInt8(ascii: "}") {
                 index += 1
@@ -298,15 +301,19 @@ public enum JSONParser {
             index += 1  // opening quote
             let start = index
             // Fast path: no escapes. Control characters are not allowed unescaped.
+            var high: UInt8 = 0
             while index < buffer.count {
                 let byte = buffer[index]
                 if byte == UInt8(ascii: "\"") {
                     let slice = UnsafeBufferPointer(rebasing: buffer[start..<index])
                     index += 1
+                    // ASCII (the common case) needs no further validation.
+                    if high < 0x80 { return String(decoding: slice, as: UTF8.self) }
                     return try makeString(slice, offset: start)
                 }
                 if byte == UInt8(ascii: "\\") { break }
                 if byte < 0x20 { throw fail() }
+                high |= byte
                 index += 1
             }
             guard index < buffer.count else { throw fail() }
@@ -379,12 +386,6 @@ public enum JSONParser {
         }
 
         func makeString(_ bytes: UnsafeBufferPointer<UInt8>, offset: Int) throws(JSONParseError) -> String {
-            var ascii = true
-            for byte in bytes where byte >= 0x80 {
-                ascii = false
-                break
-            }
-            if ascii { return String(decoding: bytes, as: UTF8.self) }
             guard let string = String(validating: bytes, as: UTF8.self) else {
                 throw JSONParseError(kind: .invalidUTF8, offset: offset)
             }

@@ -91,15 +91,33 @@ extension SecurityEventToken {
             SETFormatError(kind: kind, message: message)
         }
 
-        guard let issValue = claims["iss"] else { throw fail(.missingClaim("iss"), "the token has no \"iss\" claim") }
+        // One pass over the claims picks out the registered ones.
+        var issClaim, iatClaim, jtiClaim, audClaim, subClaim, txnClaim, toeClaim, expClaim, subIDClaim, eventsClaim: JSONValue?
+        for (name, value) in claims {
+            switch name {
+            case "iss": issClaim = value
+            case "iat": iatClaim = value
+            case "jti": jtiClaim = value
+            case "aud": audClaim = value
+            case "sub": subClaim = value
+            case "txn": txnClaim = value
+            case "toe": toeClaim = value
+            case "exp": expClaim = value
+            case "sub_id": subIDClaim = value
+            case "events": eventsClaim = value
+            default: continue
+            }
+        }
+
+        guard let issValue = issClaim else { throw fail(.missingClaim("iss"), "the token has no \"iss\" claim") }
         guard let iss = issValue.stringValue, !iss.isEmpty else {
             throw fail(.invalidClaim("iss"), "\"iss\" must be a non-empty string, not \(issValue.typeName)")
         }
-        guard let iatValue = claims["iat"] else { throw fail(.missingClaim("iat"), "the token has no \"iat\" claim") }
+        guard let iatValue = iatClaim else { throw fail(.missingClaim("iat"), "the token has no \"iat\" claim") }
         guard let iat = iatValue.numberValue, iat >= 0 else {
             throw fail(.invalidClaim("iat"), "\"iat\" must be a NumericDate (seconds since 1970), not \(iatValue.typeName)")
         }
-        guard let jtiValue = claims["jti"] else { throw fail(.missingClaim("jti"), "the token has no \"jti\" claim") }
+        guard let jtiValue = jtiClaim else { throw fail(.missingClaim("jti"), "the token has no \"jti\" claim") }
         guard let jti = jtiValue.stringValue, !jti.isEmpty else {
             throw fail(.invalidClaim("jti"), "\"jti\" must be a non-empty string")
         }
@@ -108,7 +126,7 @@ extension SecurityEventToken {
         }
 
         var audience: [String] = []
-        switch claims["aud"] {
+        switch audClaim {
         case nil: break
         case .string(let a)?: audience = [a]
         case .array(let list)?:
@@ -120,23 +138,23 @@ extension SecurityEventToken {
             throw fail(.invalidClaim("aud"), "\"aud\" must be a string or an array of strings, not \(other.typeName)")
         }
 
-        func optionalString(_ name: String) throws(SETFormatError) -> String? {
-            guard let v = claims[name] else { return nil }
+        func optionalString(_ name: String, _ claim: JSONValue?) throws(SETFormatError) -> String? {
+            guard let v = claim else { return nil }
             guard let s = v.stringValue else { throw fail(.invalidClaim(name), "\"\(name)\" must be a string, not \(v.typeName)") }
             return s
         }
-        func optionalNumber(_ name: String) throws(SETFormatError) -> Double? {
-            guard let v = claims[name] else { return nil }
+        func optionalNumber(_ name: String, _ claim: JSONValue?) throws(SETFormatError) -> Double? {
+            guard let v = claim else { return nil }
             guard let n = v.numberValue else { throw fail(.invalidClaim(name), "\"\(name)\" must be a NumericDate, not \(v.typeName)") }
             return n
         }
-        let sub = try optionalString("sub")
-        let txn = try optionalString("txn")
-        let toe = try optionalNumber("toe")
-        let exp = try optionalNumber("exp")
+        let sub = try optionalString("sub", subClaim)
+        let txn = try optionalString("txn", txnClaim)
+        let toe = try optionalNumber("toe", toeClaim)
+        let exp = try optionalNumber("exp", expClaim)
 
         var subID: SubjectIdentifier? = nil
-        if let raw = claims["sub_id"] {
+        if let raw = subIDClaim {
             do {
                 subID = try SubjectIdentifier.parse(raw, path: "sub_id")
             } catch {
@@ -144,7 +162,7 @@ extension SecurityEventToken {
             }
         }
 
-        guard let eventsValue = claims["events"] else {
+        guard let eventsValue = eventsClaim else {
             throw fail(.missingClaim("events"), "the token has no \"events\" claim, so it is not a Security Event Token")
         }
         guard let eventsObject = eventsValue.objectValue else {

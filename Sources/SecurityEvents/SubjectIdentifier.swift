@@ -152,8 +152,9 @@ extension SubjectIdentifier {
             return s
         }
         /// RFC 9493 §3: no members the format does not describe.
-        func only(_ names: Set<String>) throws(SubjectError) {
-            for name in o.names where name != formatKey && !names.contains(name) {
+        func only(_ names: [String]) throws(SubjectError) {
+            for member in o.members where member.name != formatKey && !names.contains(member.name) {
+                let name = member.name
                 throw SubjectError(path: path, message: "format \"\(format)\" does not allow the member \"\(name)\"")
             }
         }

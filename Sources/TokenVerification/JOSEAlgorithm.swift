@@ -45,6 +45,22 @@ public enum JOSEAlgorithm: String, Sendable, Hashable, CaseIterable, Comparable 
 
     public static func < (a: Self, b: Self) -> Bool { a.rawValue < b.rawValue }
 
+    /// A dense index, for per-algorithm tables.
+    var ordinal: Int {
+        switch self {
+        case .rs256: 0
+        case .rs384: 1
+        case .rs512: 2
+        case .ps256: 3
+        case .ps384: 4
+        case .ps512: 5
+        case .es256: 6
+        case .es384: 7
+        case .es512: 8
+        case .edDSA: 9
+        }
+    }
+
     /// Explains why a name that is not a supported algorithm is refused.
     public static func refusal(for name: String) -> String {
         let upper = name.uppercased()

@@ -23,7 +23,8 @@ public final class VerificationKey: @unchecked Sendable, CustomStringConvertible
     public let jwk: JSONObject
 
     private let key: OpaquePointer
-    private let checkers: Mutex<[JOSEAlgorithm: [CheckerHandle]]>
+    /// Idle checkers, one list per algorithm (indexed by `JOSEAlgorithm.ordinal`).
+    private let checkers: Mutex<[[CheckerHandle]]>
     private static let pooledCheckersPerAlgorithm = 16
 
     init(keyID: String, family: JOSEAlgorithm.Family, algorithms: Set<JOSEAlgorithm>, key: OpaquePointer,
@@ -35,11 +36,11 @@ public final class VerificationKey: @unchecked Sendable, CustomStringConvertible
         self.bits = Int(warden_key_bits(key))
         self.thumbprint = thumbprint
         self.jwk = jwk
-        self.checkers = Mutex([:])
+        self.checkers = Mutex(Array(repeating: [], count: JOSEAlgorithm.allCases.count))
     }
 
     deinit {
-        for list in checkers.withLock({ $0.values }) {
+        for list in checkers.withLock({ $0 }) {
             for checker in list { warden_checker_free(checker.pointer) }
         }
         warden_key_free(key)
@@ -52,15 +53,16 @@ public final class VerificationKey: @unchecked Sendable, CustomStringConvertible
     public func isValidSignature(_ signature: UnsafeRawBufferPointer, for message: UnsafeRawBufferPointer,
                                  algorithm: JOSEAlgorithm) -> Bool {
         guard algorithms.contains(algorithm) else { return false }
-        let pooled = checkers.withLock { pool -> CheckerHandle? in pool[algorithm]?.popLast() }
+        let slot = algorithm.ordinal
+        let pooled = checkers.withLock { pool -> CheckerHandle? in pool[slot].popLast() }
         guard let checker = pooled?.pointer ?? warden_checker_new(key, algorithm.cValue) else { return false }
         let valid = warden_checker_verify(
             checker,
             message.baseAddress?.assumingMemoryBound(to: UInt8.self), message.count,
             signature.baseAddress?.assumingMemoryBound(to: UInt8.self), signature.count) == 1
         let kept = checkers.withLock { pool -> Bool in
-            if pool[algorithm, default: []].count < Self.pooledCheckersPerAlgorithm {
-                pool[algorithm, default: []].append(CheckerHandle(pointer: checker))
+            if pool[slot].count < Self.pooledCheckersPerAlgorithm {
+                pool[slot].append(CheckerHandle(pointer: checker))
                 return true
             }
             return false

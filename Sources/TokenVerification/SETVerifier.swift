@@ -1,4 +1,9 @@
 public import SecurityEvents
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
 
 /// The protected header of a verified token.
 public struct JOSEHeader: Sendable, Hashable {
@@ -273,9 +278,15 @@ struct ParsedToken {
         }
         guard !token.isEmpty else { throw VerificationError(.malformed, "the token is empty") }
         var dots: [Int] = []
-        for i in token.indices where token[i] == UInt8(ascii: ".") {
-            dots.append(i)
-            if dots.count > 4 { break }
+        dots.reserveCapacity(5)
+        if let base = token.baseAddress {
+            var from = 0
+            while dots.count < 5, from < token.count,
+                  let hit = memchr(base + from, Int32(UInt8(ascii: ".")), token.count - from) {
+                let index = base.distance(to: hit.assumingMemoryBound(to: UInt8.self))
+                dots.append(index)
+                from = index + 1
+            }
         }
         if dots.count == 4 {
             throw VerificationError(.encrypted, "the token is an encrypted JWT (JWE, five parts); only signed compact SETs (JWS) are accepted")
