@@ -51,42 +51,70 @@ public enum Base64URL {
     }
 
     public static func decode(buffer: UnsafeBufferPointer<UInt8>) -> [UInt8]? {
-        let count = buffer.count
-        if count % 4 == 1 { return nil }
-        let outputCount = count / 4 * 3 + (count % 4 == 0 ? 0 : count % 4 - 1)
+        guard let outputCount = decodedCount(buffer.count) else { return nil }
         var valid = true
-        let out = decodeTable.withUnsafeBufferPointer { table in
-            [UInt8](unsafeUninitializedCapacity: outputCount) { output, initialized in
-                var i = 0, o = 0
-                while i + 4 <= count {
-                    let a = table[Int(buffer[i])], b = table[Int(buffer[i + 1])]
-                    let c = table[Int(buffer[i + 2])], d = table[Int(buffer[i + 3])]
-                    if (a | b | c | d) & 0xC0 != 0 { valid = false; break }
-                    output[o] = a << 2 | b >> 4
-                    output[o + 1] = (b & 0x0F) << 4 | c >> 2
-                    output[o + 2] = (c & 0x03) << 6 | d
-                    i += 4
-                    o += 3
-                }
-                let rest = count - i
-                if valid && rest == 2 {
-                    let a = table[Int(buffer[i])], b = table[Int(buffer[i + 1])]
-                    if (a | b) & 0xC0 != 0 || b & 0x0F != 0 { valid = false } else { output[o] = a << 2 | b >> 4; o += 1 }
-                } else if valid && rest == 3 {
-                    let a = table[Int(buffer[i])], b = table[Int(buffer[i + 1])], c = table[Int(buffer[i + 2])]
-                    if (a | b | c) & 0xC0 != 0 || c & 0x03 != 0 {
-                        valid = false
-                    } else {
-                        output[o] = a << 2 | b >> 4
-                        output[o + 1] = (b & 0x0F) << 4 | c >> 2
-                        o += 2
-                    }
-                }
-                // Unused slots (only when invalid) are zero-filled so the array is fully initialised.
-                for k in o..<outputCount { output[k] = 0 }
-                initialized = outputCount
-            }
+        let out = [UInt8](unsafeUninitializedCapacity: outputCount) { output, initialized in
+            valid = decode(buffer: buffer, into: output) != nil
+            if !valid { output.initialize(repeating: 0) }
+            initialized = outputCount
         }
         return valid ? out : nil
+    }
+
+    /// Whether the text is canonical unpadded base64url, checked without decoding it.
+    public static func isValid(buffer: UnsafeBufferPointer<UInt8>) -> Bool {
+        guard decodedCount(buffer.count) != nil, let last = buffer.last else { return buffer.isEmpty }
+        return decodeTable.withUnsafeBufferPointer { table -> Bool in
+            var bad: UInt8 = 0
+            for byte in buffer { bad |= table[Int(byte)] }
+            guard bad & 0xC0 == 0 else { return false }
+            // Unused trailing bits must be zero.
+            switch buffer.count % 4 {
+            case 2: return table[Int(last)] & 0x0F == 0
+            case 3: return table[Int(last)] & 0x03 == 0
+            default: return true
+            }
+        }
+    }
+
+    /// How many bytes `count` characters decode to, or nil for an impossible length.
+    public static func decodedCount(_ count: Int) -> Int? {
+        count % 4 == 1 ? nil : count / 4 * 3 + (count % 4 == 0 ? 0 : count % 4 - 1)
+    }
+
+    /// Decodes into `output` (at least `decodedCount` bytes) without allocating; returns the
+    /// number of bytes written, or nil if the text is not canonical unpadded base64url.
+    public static func decode(buffer: UnsafeBufferPointer<UInt8>, into output: UnsafeMutableBufferPointer<UInt8>) -> Int? {
+        let count = buffer.count
+        guard let outputCount = decodedCount(count), output.count >= outputCount else { return nil }
+        return decodeTable.withUnsafeBufferPointer { table -> Int? in
+            var i = 0, o = 0
+            while i + 4 <= count {
+                let a = table[Int(buffer[i])], b = table[Int(buffer[i + 1])]
+                let c = table[Int(buffer[i + 2])], d = table[Int(buffer[i + 3])]
+                if (a | b | c | d) & 0xC0 != 0 { return nil }
+                output[o] = a << 2 | b >> 4
+                output[o + 1] = (b & 0x0F) << 4 | c >> 2
+                output[o + 2] = (c & 0x03) << 6 | d
+                i += 4
+                o += 3
+            }
+            switch count - i {
+            case 2:
+                let a = table[Int(buffer[i])], b = table[Int(buffer[i + 1])]
+                if (a | b) & 0xC0 != 0 || b & 0x0F != 0 { return nil }
+                output[o] = a << 2 | b >> 4
+                o += 1
+            case 3:
+                let a = table[Int(buffer[i])], b = table[Int(buffer[i + 1])], c = table[Int(buffer[i + 2])]
+                if (a | b | c) & 0xC0 != 0 || c & 0x03 != 0 { return nil }
+                output[o] = a << 2 | b >> 4
+                output[o + 1] = (b & 0x0F) << 4 | c >> 2
+                o += 2
+            default:
+                break
+            }
+            return o
+        }
     }
 }

@@ -1,7 +1,7 @@
 /// A subject identifier: RFC 9493 formats, SSF's additions, and Google's legacy RISC spellings
 /// (SPEC §1.3, §2.4, §3.1). Parsing accepts `format` or `subject_type`, `iss_sub` or `iss-sub`,
 /// `phone_number` or `phone`; `json` always writes the standard spelling.
-public indirect enum SubjectIdentifier: Sendable, Hashable {
+public enum SubjectIdentifier: Sendable, Hashable {
     case email(String)
     case phoneNumber(String)
     case issSub(iss: String, sub: String)

@@ -60,45 +60,56 @@ public final class SETVerifier: Sendable {
 
     /// Verifies a compact JWS given as bytes (a Kafka message value, a request body).
     public func verify(_ token: some Collection<UInt8>) async -> Result<VerifiedSET, VerificationError> {
-        let limit = maximumTokenBytes
-        let parse = { (buffer: UnsafeBufferPointer<UInt8>) in
-            Result { () throws(VerificationError) -> ParsedToken in try ParsedToken(buffer, maximumBytes: limit) }
+        // Fast path: the issuer's keys are at hand, so everything happens in place, without
+        // suspending or copying the token.
+        let attempt = token.withContiguousStorageIfAvailable { attemptWithCachedKeys($0) }
+            ?? Array(token).withUnsafeBufferPointer { attemptWithCachedKeys($0) }
+        guard case .needsKeys(let issuer, let keyID) = attempt else {
+            if case .done(let result) = attempt { return result }
+            preconditionFailure("unreachable")
         }
-        let parsing = token.withContiguousStorageIfAvailable(parse) ?? Array(token).withUnsafeBufferPointer(parse)
-        let parsed: ParsedToken
-        let issuer: Issuer
-        do {
-            parsed = try parsing.get()
-            issuer = try selectIssuer(parsed)
-        } catch {
-            return .failure(error)
-        }
-        // Keys: the published snapshot when it is fresh and has the kid; the cache otherwise.
+
+        // Slow path: load or refresh the issuer's keys, then verify with what they hold.
         var entry: KeySetEntry? = nil
-        if let snapshot = issuer.keys.currentSnapshot(), clock.now() < snapshot.expiresAt {
-            entry = snapshot.keys[parsed.keyID]
-        }
-        if entry == nil {
-            switch await issuer.keys.keys() {
-            case .unavailable(let reason): return .failure(VerificationError(.keysUnavailable, reason))
-            case .keys(let keys): entry = keys[parsed.keyID]
-            }
+        switch await issuer.keys.keys() {
+        case .unavailable(let reason): return .failure(VerificationError(.keysUnavailable, reason))
+        case .keys(let keys): entry = keys[keyID]
         }
         if entry == nil {
             switch await issuer.keys.keysAfterUnknownKeyID() {
             case .unavailable(let reason): return .failure(VerificationError(.keysUnavailable, reason))
-            case .keys(let keys): entry = keys[parsed.keyID]
+            case .keys(let keys): entry = keys[keyID]
             }
             if entry == nil, let failure = await issuer.keys.lastFetchFailure {
                 // The provider may have rotated to a key we cannot fetch yet: not a verdict.
                 return .failure(VerificationError(.keysUnavailable,
-                    "no key \(quoted(parsed.keyID)) is cached for issuer \(quoted(issuer.policy.issuer)) and the JWKS cannot be fetched: \(failure)"))
+                    "no key \(quoted(keyID)) is cached for issuer \(quoted(issuer.policy.issuer)) and the JWKS cannot be fetched: \(failure)"))
             }
         }
-        do {
-            return .success(try finish(parsed, issuer: issuer, entry: entry))
+        let bytes = Array(token)
+        return bytes.withUnsafeBufferPointer { buffer in
+            Result { () throws(VerificationError) -> VerifiedSET in
+                let parsed = try ParsedToken(buffer, maximumBytes: maximumTokenBytes)
+                return try finish(parsed, token: buffer, issuer: try selectIssuer(parsed), entry: entry)
+            }
+        }
+    }
+
+    private enum Attempt {
+        case done(Result<VerifiedSET, VerificationError>)
+        case needsKeys(Issuer, keyID: String)
+    }
+
+    private func attemptWithCachedKeys(_ token: UnsafeBufferPointer<UInt8>) -> Attempt {
+        do throws(VerificationError) {
+            let parsed = try ParsedToken(token, maximumBytes: maximumTokenBytes)
+            let issuer = try selectIssuer(parsed)
+            guard let snapshot = issuer.keys.currentSnapshot(), clock.now() < snapshot.expiresAt,
+                  let entry = snapshot.keys[parsed.keyID]
+            else { return .needsKeys(issuer, keyID: parsed.keyID) }
+            return .done(.success(try finish(parsed, token: token, issuer: issuer, entry: entry)))
         } catch {
-            return .failure(error)
+            return .done(.failure(error))
         }
     }
 
@@ -147,7 +158,8 @@ public final class SETVerifier: Sendable {
         }
     }
 
-    private func finish(_ parsed: ParsedToken, issuer: Issuer, entry: KeySetEntry?) throws(VerificationError) -> VerifiedSET {
+    private func finish(_ parsed: ParsedToken, token: UnsafeBufferPointer<UInt8>, issuer: Issuer,
+                        entry: KeySetEntry?) throws(VerificationError) -> VerifiedSET {
         let policy = issuer.policy
         let key: VerificationKey
         switch entry {
@@ -161,10 +173,12 @@ public final class SETVerifier: Sendable {
         guard key.algorithms.contains(parsed.algorithm) else {
             throw VerificationError(.algorithmMismatch, "the key \(quoted(parsed.keyID)) is a \(key.family.rawValue) key for \(key.algorithms.sorted().map(\.rawValue).joined(separator: "/")), but the token says \(parsed.algorithm.rawValue)")
         }
-        let valid = parsed.signature.withUnsafeBytes { signature in
-            parsed.signingInput.withUnsafeBytes { message in
-                key.isValidSignature(signature, for: message, algorithm: parsed.algorithm)
-            }
+        let signaturePart = UnsafeBufferPointer(rebasing: token[parsed.signaturePart])
+        let valid = withUnsafeTemporaryAllocation(of: UInt8.self, capacity: signaturePart.count) { scratch -> Bool in
+            guard let count = Base64URL.decode(buffer: signaturePart, into: scratch) else { return false }
+            return key.isValidSignature(UnsafeRawBufferPointer(UnsafeMutableBufferPointer(rebasing: scratch[..<count])),
+                                        for: UnsafeRawBufferPointer(UnsafeBufferPointer(rebasing: token[..<parsed.signingInputEnd])),
+                                        algorithm: parsed.algorithm)
         }
         guard valid else {
             throw VerificationError(.badSignature, "the signature does not verify with key \(quoted(parsed.keyID)) (\(parsed.algorithm.rawValue))")
@@ -265,9 +279,10 @@ struct ParsedToken {
     var keyID: String
     var type: String?
     var claims: JSONObject
-    var signature: [UInt8]
-    /// The JWS signing input: the token up to its second dot.
-    var signingInput: [UInt8]
+    /// Where the signature part lies in the token.
+    var signaturePart: Range<Int>
+    /// The JWS signing input is the token up to its second dot.
+    var signingInputEnd: Int
 
     /// Header members that carry keys or point at them (SPEC §4 row 3): never used, so refused.
     static let keyMaterialMembers = ["jwk", "jku", "x5u", "x5c"]
@@ -277,26 +292,27 @@ struct ParsedToken {
             throw VerificationError(.tooLarge, "the token is \(token.count) bytes; the limit is \(maximumBytes)")
         }
         guard !token.isEmpty else { throw VerificationError(.malformed, "the token is empty") }
-        var dots: [Int] = []
-        dots.reserveCapacity(5)
+        // Find up to five dots without allocating.
+        var firstDot = -1, secondDot = -1, dotCount = 0
         if let base = token.baseAddress {
             var from = 0
-            while dots.count < 5, from < token.count,
+            while dotCount < 5, from < token.count,
                   let hit = memchr(base + from, Int32(UInt8(ascii: ".")), token.count - from) {
                 let index = base.distance(to: hit.assumingMemoryBound(to: UInt8.self))
-                dots.append(index)
+                if dotCount == 0 { firstDot = index } else if dotCount == 1 { secondDot = index }
+                dotCount += 1
                 from = index + 1
             }
         }
-        if dots.count == 4 {
+        if dotCount == 4 {
             throw VerificationError(.encrypted, "the token is an encrypted JWT (JWE, five parts); only signed compact SETs (JWS) are accepted")
         }
-        guard dots.count == 2 else {
-            throw VerificationError(.malformed, "a compact JWS has three dot-separated parts; this token has \(min(dots.count, 5) + 1)")
+        guard dotCount == 2 else {
+            throw VerificationError(.malformed, "a compact JWS has three dot-separated parts; this token has \(dotCount + 1)\(dotCount == 5 ? " or more" : "")")
         }
-        let headerPart = UnsafeBufferPointer(rebasing: token[..<dots[0]])
-        let payloadPart = UnsafeBufferPointer(rebasing: token[(dots[0] + 1)..<dots[1]])
-        let signaturePart = UnsafeBufferPointer(rebasing: token[(dots[1] + 1)...])
+        let headerPart = UnsafeBufferPointer(rebasing: token[..<firstDot])
+        let payloadPart = UnsafeBufferPointer(rebasing: token[(firstDot + 1)..<secondDot])
+        let signaturePart = UnsafeBufferPointer(rebasing: token[(secondDot + 1)...])
         guard !headerPart.isEmpty, !payloadPart.isEmpty else {
             throw VerificationError(.malformed, "the token's header or payload part is empty")
         }
@@ -337,7 +353,7 @@ struct ParsedToken {
             guard let t = typValue.stringValue else { throw VerificationError(.wrongType, "the header's \"typ\" must be a string") }
             type = t
         }
-        guard let signature = Base64URL.decode(buffer: signaturePart) else {
+        guard Base64URL.isValid(buffer: signaturePart) else {
             throw VerificationError(.malformed, "the signature part is not unpadded base64url")
         }
         self.header = header
@@ -345,22 +361,32 @@ struct ParsedToken {
         self.keyID = kid
         self.type = type
         self.claims = try Self.decodeObject(payloadPart, part: "payload")
-        self.signature = signature
-        self.signingInput = Array(UnsafeBufferPointer(rebasing: token[..<dots[1]]))
+        self.signaturePart = (secondDot + 1)..<token.count
+        self.signingInputEnd = secondDot
     }
 
     static func decodeObject(_ part: UnsafeBufferPointer<UInt8>, part name: String) throws(VerificationError) -> JSONObject {
-        guard let bytes = Base64URL.decode(buffer: part) else {
-            throw VerificationError(.malformed, "the \(name) part is not unpadded base64url")
+        let parsed = withUnsafeTemporaryAllocation(of: UInt8.self, capacity: part.count) { scratch in
+            Result { () throws(JSONParseError) -> JSONValue? in
+                guard let count = Base64URL.decode(buffer: part, into: scratch) else { return nil }
+                return try JSONParser.parse(buffer: UnsafeBufferPointer(rebasing: scratch[..<count]))
+            }
         }
         let value: JSONValue
         do {
-            value = try JSONParser.parse(bytes)
-        } catch {
+            guard let decoded = try parsed.get() else {
+                throw VerificationError(.malformed, "the \(name) part is not unpadded base64url")
+            }
+            value = decoded
+        } catch let error as VerificationError {
+            throw error
+        } catch let error as JSONParseError {
             if case .duplicateMember(let member) = error.kind {
                 throw VerificationError(.duplicateMember, "the \(name) has the member \(quoted(member)) more than once")
             }
             throw VerificationError(.malformed, "the \(name) is not valid JSON: \(error)")
+        } catch {
+            throw VerificationError(.malformed, "the \(name) could not be read")
         }
         guard let object = value.objectValue else {
             throw VerificationError(.malformed, "the \(name) must be a JSON object, not \(value.typeName)")

@@ -66,6 +66,7 @@ struct Base64URLTests {
             let text = Base64URL.encode(bytes)
             #expect(!text.contains("=") && !text.contains("+") && !text.contains("/"))
             #expect(Base64URL.decode(text) == bytes)
+            #expect(Array(text.utf8).withUnsafeBufferPointer { Base64URL.isValid(buffer: $0) })
         }
     }
 
@@ -73,5 +74,6 @@ struct Base64URLTests {
     func rejectsNonCanonicalOrForeignText(_ text: String) {
         // Padding, the standard alphabet, whitespace, impossible lengths and non-zero unused bits.
         #expect(Base64URL.decode(text) == nil)
+        #expect(!Array(text.utf8).withUnsafeBufferPointer { Base64URL.isValid(buffer: $0) })
     }
 }
