@@ -60,7 +60,7 @@ extension WardenCommand {
         @Option(name: .long, help: "The configuration file (YAML).")
         var config: String
 
-        @Argument(help: "The compact SET, or - to read it from standard input.")
+        @Argument(help: "The compact SET, a file holding it, or - to read it from standard input.")
         var token: String = "-"
 
         public init() {}
@@ -77,6 +77,8 @@ extension WardenCommand {
             if token == "-" {
                 let input = FileHandle.standardInput.readDataToEndOfFile()
                 raw = Array(Self.trimmed(Array(input)))
+            } else if let contents = Self.regularFileContents(token) {
+                raw = Array(Self.trimmed(Array(contents)))
             } else {
                 raw = Array(Self.trimmed(Array(token.utf8)))
             }
@@ -93,6 +95,15 @@ extension WardenCommand {
             case .failure(let error) where error.isRetryable: throw ExitCode(VerifyExit.keysUnavailable.rawValue)
             case .failure: throw ExitCode(VerifyExit.invalid.rawValue)
             }
+        }
+
+        /// The contents of `path` if it names a regular file (a compact JWS never does).
+        static func regularFileContents(_ path: String) -> Data? {
+            var isDirectory: ObjCBool = false
+            guard FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory), !isDirectory.boolValue else {
+                return nil
+            }
+            return FileManager.default.contents(atPath: path)
         }
 
         static func trimmed(_ bytes: [UInt8]) -> ArraySlice<UInt8> {

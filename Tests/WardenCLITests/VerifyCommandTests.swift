@@ -151,6 +151,10 @@ struct VerifyCommandTests {
             #expect(out.status == 0, "\(name): \(out.stdout)")
             #expect(out.json?["valid"] as? Bool == true)
         }
+        // A file name works as well as the token itself (make run does this).
+        let byPath = try Warden.run(["verify", "--config", config,
+                                     Warden.packageRoot.appendingPathComponent("examples/tokens/sessions-revoked.jwt").path])
+        #expect(byPath.status == 0, "\(byPath.stdout)")
         let forged = try String(contentsOf: Warden.packageRoot.appendingPathComponent("examples/tokens/forged.jwt"), encoding: .utf8)
         let out = try Warden.run(["verify", "--config", config, "-"], stdin: forged)
         #expect(out.status == 1)
