@@ -159,6 +159,11 @@ public struct JSONParseError: Error, Sendable, Equatable, CustomStringConvertibl
 public enum JSONParser {
     public static let maximumDepth = 64
 
+    /// Non-zero for bytes that end the fast scan of a string: `"`, `\`, controls, non-ASCII.
+    static let stringStops: [UInt8] = (0..<256).map { b in
+        b == 0x22 || b == 0x5C || b < 0x20 || b >= 0x80 ? 1 : 0
+    }
+
     public static func parse(_ bytes: some Collection<UInt8>) throws(JSONParseError) -> JSONValue {
         if let result = bytes.withContiguousStorageIfAvailable({ buffer in
             Result { () throws(JSONParseError) -> JSONValue in try parse(buffer: buffer) }
@@ -300,20 +305,24 @@ public enum JSONParser {
         mutating func parseString() throws(JSONParseError) -> String {
             index += 1  // opening quote
             let start = index
-            // Fast path: no escapes. Control characters are not allowed unescaped.
-            var high: UInt8 = 0
+            // Fast path: no escapes. Plain ASCII bytes are skipped with one table lookup each;
+            // the table flags the quote, the backslash, control characters and non-ASCII bytes.
+            var nonASCII = false
+            let stops = JSONParser.stringStops
             while index < buffer.count {
+                while index < buffer.count, stops[Int(buffer[index])] == 0 { index += 1 }
+                guard index < buffer.count else { break }
                 let byte = buffer[index]
                 if byte == UInt8(ascii: "\"") {
                     let slice = UnsafeBufferPointer(rebasing: buffer[start..<index])
                     index += 1
                     // ASCII (the common case) needs no further validation.
-                    if high < 0x80 { return String(decoding: slice, as: UTF8.self) }
+                    if !nonASCII { return String(decoding: slice, as: UTF8.self) }
                     return try makeString(slice, offset: start)
                 }
                 if byte == UInt8(ascii: "\\") { break }
                 if byte < 0x20 { throw fail() }
-                high |= byte
+                nonASCII = true
                 index += 1
             }
             guard index < buffer.count else { throw fail() }

@@ -284,9 +284,6 @@ struct ParsedToken {
     /// The JWS signing input is the token up to its second dot.
     var signingInputEnd: Int
 
-    /// Header members that carry keys or point at them (SPEC §4 row 3): never used, so refused.
-    static let keyMaterialMembers = ["jwk", "jku", "x5u", "x5c"]
-
     init(_ token: UnsafeBufferPointer<UInt8>, maximumBytes: Int) throws(VerificationError) {
         guard token.count <= maximumBytes else {
             throw VerificationError(.tooLarge, "the token is \(token.count) bytes; the limit is \(maximumBytes)")
@@ -321,35 +318,49 @@ struct ParsedToken {
         }
 
         let header = try Self.decodeObject(headerPart, part: "header")
+        // One pass over the header picks out what is used and what is refused.
+        var algValue, kidValue, typValue: JSONValue?
+        var refused: (member: String, kind: VerificationError.Kind)? = nil
+        for (name, value) in header {
+            switch name {
+            case "alg": algValue = value
+            case "kid": kidValue = value
+            case "typ": typValue = value
+            case "jwk", "jku", "x5u", "x5c": if refused == nil { refused = (name, .headerKeyMaterial) }
+            case "crit", "b64": if refused == nil { refused = (name, .criticalHeader) }
+            case "zip": if refused == nil { refused = (name, .compressed) }
+            case "enc": if refused == nil { refused = (name, .encrypted) }
+            default: continue
+            }
+        }
         // alg first: an unsigned or HMAC token is refused whatever else it says.
-        guard let algValue = header["alg"] else { throw VerificationError(.malformed, "the header has no \"alg\"") }
+        guard let algValue else { throw VerificationError(.malformed, "the header has no \"alg\"") }
         guard let algName = algValue.stringValue else { throw VerificationError(.malformed, "the header's \"alg\" must be a string") }
         guard let algorithm = JOSEAlgorithm(rawValue: algName) else {
             throw VerificationError(.unsupportedAlgorithm, JOSEAlgorithm.refusal(for: algName))
         }
-        for name in Self.keyMaterialMembers where header[name] != nil {
-            throw VerificationError(.headerKeyMaterial, "the header carries \"\(name)\"; keys are taken only from the issuer's published JWKS, never from the token")
+        if let (member, kind) = refused {
+            switch kind {
+            case .headerKeyMaterial:
+                throw VerificationError(kind, "the header carries \"\(member)\"; keys are taken only from the issuer's published JWKS, never from the token")
+            case .compressed:
+                throw VerificationError(kind, "the header asks for compression (\"zip\"), which JWS does not allow")
+            case .encrypted:
+                throw VerificationError(kind, "the header has \"enc\": encrypted tokens are not accepted")
+            default:
+                throw VerificationError(kind, member == "b64"
+                    ? "the header has \"b64\" (unencoded payload), which is not supported"
+                    : "the header lists critical extensions (\"crit\"), none of which are supported")
+            }
         }
-        if header["crit"] != nil {
-            throw VerificationError(.criticalHeader, "the header lists critical extensions (\"crit\"), none of which are supported")
-        }
-        if header["zip"] != nil {
-            throw VerificationError(.compressed, "the header asks for compression (\"zip\"), which JWS does not allow")
-        }
-        if header["enc"] != nil {
-            throw VerificationError(.encrypted, "the header has \"enc\": encrypted tokens are not accepted")
-        }
-        if header["b64"] != nil {
-            throw VerificationError(.criticalHeader, "the header has \"b64\" (unencoded payload), which is not supported")
-        }
-        guard let kidValue = header["kid"] else {
+        guard let kidValue else {
             throw VerificationError(.missingKeyID, "the header has no \"kid\"; the signing key must be named")
         }
         guard let kid = kidValue.stringValue, !kid.isEmpty, kid.utf8.count <= KeySet.maximumKeyIDLength else {
             throw VerificationError(.missingKeyID, "the header's \"kid\" must be a non-empty string of at most \(KeySet.maximumKeyIDLength) bytes")
         }
         var type: String? = nil
-        if let typValue = header["typ"] {
+        if let typValue {
             guard let t = typValue.stringValue else { throw VerificationError(.wrongType, "the header's \"typ\" must be a string") }
             type = t
         }
