@@ -88,9 +88,15 @@ let package = Package(
             ],
             swiftSettings: strict
         ),
+        // The operation openssl speed rsa2048 times, for interleaved comparison in benchmarks.
+        .target(
+            name: "CBenchReference",
+            path: "Benchmarks/CBenchReference",
+            linkerSettings: [.linkedLibrary("crypto")]
+        ),
         .executableTarget(
             name: "VerifyBenchmark",
-            dependencies: ["TokenVerification", "SETMinting", "SecurityEvents"],
+            dependencies: ["TokenVerification", "SETMinting", "SecurityEvents", "CBenchReference"],
             path: "Benchmarks/VerifyBenchmark",
             swiftSettings: strict
         ),

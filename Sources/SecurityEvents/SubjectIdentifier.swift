@@ -124,30 +124,30 @@ public struct SubjectError: Error, Sendable, Equatable, CustomStringConvertible 
 
 extension SubjectIdentifier {
     /// Parses a subject identifier found at `path` (used in error messages).
-    public static func parse(_ value: JSONValue, path: String, allowAliases: Bool = true,
+    public static func parse(_ value: JSONValue, path makePath: @autoclosure () -> String, allowAliases: Bool = true,
                              allowComplex: Bool = true) throws(SubjectError) -> SubjectIdentifier {
         guard let o = value.objectValue else {
-            throw SubjectError(path: path, message: "a subject identifier must be a JSON object, not \(value.typeName)")
+            throw SubjectError(path: makePath(), message: "a subject identifier must be a JSON object, not \(value.typeName)")
         }
         let formatValue: JSONValue
         let formatKey: String
         switch (o["format"], o["subject_type"]) {
         case (let f?, nil): formatValue = f; formatKey = "format"
         case (nil, let t?): formatValue = t; formatKey = "subject_type"
-        case (nil, nil): throw SubjectError(path: path, message: "the subject identifier has no \"format\" (or legacy \"subject_type\")")
-        case (.some, .some): throw SubjectError(path: path, message: "the subject identifier has both \"format\" and \"subject_type\"")
+        case (nil, nil): throw SubjectError(path: makePath(), message: "the subject identifier has no \"format\" (or legacy \"subject_type\")")
+        case (.some, .some): throw SubjectError(path: makePath(), message: "the subject identifier has both \"format\" and \"subject_type\"")
         }
         guard let format = formatValue.stringValue, !format.isEmpty else {
-            throw SubjectError(path: path, message: "\"\(formatKey)\" must be a non-empty string")
+            throw SubjectError(path: makePath(), message: "\"\(formatKey)\" must be a non-empty string")
         }
 
         func string(_ name: String, required: Bool = true) throws(SubjectError) -> String? {
             guard let member = o[name] else {
-                if required { throw SubjectError(path: path, message: "format \"\(format)\" requires the member \"\(name)\"") }
+                if required { throw SubjectError(path: makePath(), message: "format \"\(format)\" requires the member \"\(name)\"") }
                 return nil
             }
             guard let s = member.stringValue, !s.isEmpty else {
-                throw SubjectError(path: path, message: "\"\(name)\" must be a non-empty string")
+                throw SubjectError(path: makePath(), message: "\"\(name)\" must be a non-empty string")
             }
             return s
         }
@@ -155,7 +155,7 @@ extension SubjectIdentifier {
         func only(_ names: [String]) throws(SubjectError) {
             for member in o.members where member.name != formatKey && !names.contains(member.name) {
                 let name = member.name
-                throw SubjectError(path: path, message: "format \"\(format)\" does not allow the member \"\(name)\"")
+                throw SubjectError(path: makePath(), message: "format \"\(format)\" does not allow the member \"\(name)\"")
             }
         }
 
@@ -177,38 +177,38 @@ extension SubjectIdentifier {
             try only(["uri"])
             let uri = try string("uri")!
             guard uri.hasPrefix("acct:") else {
-                throw SubjectError(path: path, message: "an account identifier's uri must be an acct: URI")
+                throw SubjectError(path: makePath(), message: "an account identifier's uri must be an acct: URI")
             }
             return .account(uri: uri)
         case "did":
             try only(["url"])
             let url = try string("url")!
-            guard url.hasPrefix("did:") else { throw SubjectError(path: path, message: "a did identifier's url must start with did:") }
+            guard url.hasPrefix("did:") else { throw SubjectError(path: makePath(), message: "a did identifier's url must start with did:") }
             return .did(url: url)
         case "uri":
             try only(["uri"])
             return .uri(try string("uri")!)
         case "aliases":
-            guard allowAliases else { throw SubjectError(path: path, message: "aliases may not be nested") }
+            guard allowAliases else { throw SubjectError(path: makePath(), message: "aliases may not be nested") }
             try only(["identifiers"])
             guard let list = o["identifiers"]?.arrayValue, !list.isEmpty else {
-                throw SubjectError(path: path, message: "aliases requires a non-empty array \"identifiers\"")
+                throw SubjectError(path: makePath(), message: "aliases requires a non-empty array \"identifiers\"")
             }
             var ids: [SubjectIdentifier] = []
             for (i, item) in list.enumerated() {
-                ids.append(try parse(item, path: "\(path).identifiers[\(i)]", allowAliases: false, allowComplex: allowComplex))
+                ids.append(try parse(item, path: "\(makePath()).identifiers[\(i)]", allowAliases: false, allowComplex: allowComplex))
             }
             return .aliases(ids)
         case "complex":
-            guard allowComplex else { throw SubjectError(path: path, message: "complex subjects may not be nested") }
+            guard allowComplex else { throw SubjectError(path: makePath(), message: "complex subjects may not be nested") }
             var members: [ComplexMember: SubjectIdentifier] = [:]
             for (name, value) in o where name != formatKey {
                 guard let member = ComplexMember(rawValue: name) else {
-                    throw SubjectError(path: path, message: "a complex subject may not have the member \"\(name)\"")
+                    throw SubjectError(path: makePath(), message: "a complex subject may not have the member \"\(name)\"")
                 }
-                members[member] = try parse(value, path: "\(path).\(name)", allowAliases: true, allowComplex: false)
+                members[member] = try parse(value, path: "\(makePath()).\(name)", allowAliases: true, allowComplex: false)
             }
-            guard !members.isEmpty else { throw SubjectError(path: path, message: "a complex subject needs at least one member") }
+            guard !members.isEmpty else { throw SubjectError(path: makePath(), message: "a complex subject needs at least one member") }
             return .complex(members)
         case "jwt_id":
             try only(["iss", "jti"])
@@ -220,7 +220,7 @@ extension SubjectIdentifier {
             try only(["ip-addresses"])
             guard let list = o["ip-addresses"]?.arrayValue, !list.isEmpty,
                   list.allSatisfy({ $0.stringValue?.isEmpty == false })
-            else { throw SubjectError(path: path, message: "ip-addresses requires a non-empty array of strings") }
+            else { throw SubjectError(path: makePath(), message: "ip-addresses requires a non-empty array of strings") }
             return .ipAddresses(list.compactMap(\.stringValue))
         case "id_token_claims":
             try only(["iss", "sub", "email"])
@@ -231,7 +231,7 @@ extension SubjectIdentifier {
             let algName = try string("token_identifier_alg")!
             let token = try string("token")!
             guard let alg = TokenReference.IdentifierAlgorithm(rawValue: algName) else {
-                throw SubjectError(path: path, message: "token_identifier_alg \"\(algName.prefix(40))\" is not one of plain, prefix, hash_base64_sha512_sha512")
+                throw SubjectError(path: makePath(), message: "token_identifier_alg \"\(algName.prefix(40))\" is not one of plain, prefix, hash_base64_sha512_sha512")
             }
             return .oauthToken(TokenReference(tokenType: type, identifierAlgorithm: alg, value: token))
         case "oauth_client":

@@ -45,6 +45,13 @@ public enum JOSEAlgorithm: String, Sendable, Hashable, CaseIterable, Comparable 
 
     public static func < (a: Self, b: Self) -> Bool { a.rawValue < b.rawValue }
 
+    /// The algorithms as bits of a mask, for checks on the verification path.
+    static func mask(_ algorithms: Set<JOSEAlgorithm>) -> UInt32 {
+        algorithms.reduce(0) { $0 | 1 << UInt32($1.ordinal) }
+    }
+
+    var bit: UInt32 { 1 << UInt32(ordinal) }
+
     /// A dense index, for per-algorithm tables.
     var ordinal: Int {
         switch self {

@@ -15,6 +15,8 @@ public final class VerificationKey: @unchecked Sendable, CustomStringConvertible
     public let family: JOSEAlgorithm.Family
     /// The algorithms this key may verify: the JWK's `alg` if it names one, else those of its type.
     public let algorithms: Set<JOSEAlgorithm>
+    /// `algorithms` as a bit mask.
+    let algorithmMask: UInt32
     /// Key size in bits (RSA modulus; EC field).
     public let bits: Int
     /// RFC 7638 JWK thumbprint (SHA-256, base64url): a stable name for audits.
@@ -32,6 +34,7 @@ public final class VerificationKey: @unchecked Sendable, CustomStringConvertible
         self.keyID = keyID
         self.family = family
         self.algorithms = algorithms
+        self.algorithmMask = JOSEAlgorithm.mask(algorithms)
         self.key = key
         self.bits = Int(warden_key_bits(key))
         self.thumbprint = thumbprint
@@ -52,7 +55,7 @@ public final class VerificationKey: @unchecked Sendable, CustomStringConvertible
     /// Also false when the algorithm is not one this key is bound to.
     public func isValidSignature(_ signature: UnsafeRawBufferPointer, for message: UnsafeRawBufferPointer,
                                  algorithm: JOSEAlgorithm) -> Bool {
-        guard algorithms.contains(algorithm) else { return false }
+        guard algorithmMask & algorithm.bit != 0 else { return false }
         let slot = algorithm.ordinal
         let pooled = checkers.withLock { pool -> CheckerHandle? in pool[slot].popLast() }
         guard let checker = pooled?.pointer ?? warden_checker_new(key, algorithm.cValue) else { return false }

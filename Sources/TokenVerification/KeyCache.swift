@@ -126,11 +126,22 @@ public actor IssuerKeyCache {
     }
 
     /// The newest keys, if any are still usable, without waiting.
-    public nonisolated func currentSnapshot() -> KeySnapshot? {
-        let now = clock.now()
-        return published.withLock { snapshot in
+    public nonisolated func currentSnapshot() -> KeySnapshot? { currentSnapshot(at: clock.now()) }
+
+    /// The newest keys still usable at `now` (seconds since 1970).
+    public nonisolated func currentSnapshot(at now: Double) -> KeySnapshot? {
+        published.withLock { snapshot in
             guard let snapshot, now <= snapshot.usableUntil else { return nil }
             return snapshot
+        }
+    }
+
+    /// The key named `keyID` if the published keys are fresh at `now` and hold it; looked up
+    /// under the lock, so nothing but the entry is copied.
+    public nonisolated func freshEntry(keyID: String, at now: Double) -> KeySetEntry? {
+        published.withLock { snapshot -> KeySetEntry? in
+            guard let snapshot, now < snapshot.expiresAt else { return nil }
+            return snapshot.keys[keyID]
         }
     }
 

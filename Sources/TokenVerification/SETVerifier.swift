@@ -31,10 +31,13 @@ public final class SETVerifier: Sendable {
     public struct Issuer: Sendable {
         public let policy: IssuerPolicy
         public let keys: IssuerKeyCache
+        /// `policy.algorithms` as a bit mask.
+        let algorithmMask: UInt32
 
         public init(policy: IssuerPolicy, keys: IssuerKeyCache) {
             self.policy = policy
             self.keys = keys
+            self.algorithmMask = JOSEAlgorithm.mask(policy.algorithms)
         }
     }
 
@@ -90,7 +93,7 @@ public final class SETVerifier: Sendable {
         return bytes.withUnsafeBufferPointer { buffer in
             Result { () throws(VerificationError) -> VerifiedSET in
                 let parsed = try ParsedToken(buffer, maximumBytes: maximumTokenBytes)
-                return try finish(parsed, token: buffer, issuer: try selectIssuer(parsed), entry: entry)
+                return try finish(parsed, token: buffer, issuer: try selectIssuer(parsed), entry: entry, now: clock.now())
             }
         }
     }
@@ -104,10 +107,11 @@ public final class SETVerifier: Sendable {
         do throws(VerificationError) {
             let parsed = try ParsedToken(token, maximumBytes: maximumTokenBytes)
             let issuer = try selectIssuer(parsed)
-            guard let snapshot = issuer.keys.currentSnapshot(), clock.now() < snapshot.expiresAt,
-                  let entry = snapshot.keys[parsed.keyID]
-            else { return .needsKeys(issuer, keyID: parsed.keyID) }
-            return .done(.success(try finish(parsed, token: token, issuer: issuer, entry: entry)))
+            let now = clock.now()
+            guard let entry = issuer.keys.freshEntry(keyID: parsed.keyID, at: now) else {
+                return .needsKeys(issuer, keyID: parsed.keyID)
+            }
+            return .done(.success(try finish(parsed, token: token, issuer: issuer, entry: entry, now: now)))
         } catch {
             return .done(.failure(error))
         }
@@ -124,7 +128,7 @@ public final class SETVerifier: Sendable {
             throw VerificationError(.unknownIssuer, "the issuer \(quoted(iss)) is not configured (configured: \(issuers.keys.sorted().map { quoted($0) }.joined(separator: ", ")))")
         }
         let policy = issuer.policy
-        guard policy.algorithms.contains(parsed.algorithm) else {
+        guard issuer.algorithmMask & parsed.algorithm.bit != 0 else {
             throw VerificationError(.unsupportedAlgorithm, "the algorithm \(parsed.algorithm.rawValue) is not allowed for issuer \(quoted(iss)) (allowed: \(policy.algorithms.sorted().map(\.rawValue).joined(separator: ", ")))")
         }
         try checkType(parsed.type, profile: policy.profile)
@@ -159,7 +163,7 @@ public final class SETVerifier: Sendable {
     }
 
     private func finish(_ parsed: ParsedToken, token: UnsafeBufferPointer<UInt8>, issuer: Issuer,
-                        entry: KeySetEntry?) throws(VerificationError) -> VerifiedSET {
+                        entry: KeySetEntry?, now: Double) throws(VerificationError) -> VerifiedSET {
         let policy = issuer.policy
         let key: VerificationKey
         switch entry {
@@ -170,7 +174,7 @@ public final class SETVerifier: Sendable {
         case .usable(let k)?:
             key = k
         }
-        guard key.algorithms.contains(parsed.algorithm) else {
+        guard key.algorithmMask & parsed.algorithm.bit != 0 else {
             throw VerificationError(.algorithmMismatch, "the key \(quoted(parsed.keyID)) is a \(key.family.rawValue) key for \(key.algorithms.sorted().map(\.rawValue).joined(separator: "/")), but the token says \(parsed.algorithm.rawValue)")
         }
         let signaturePart = UnsafeBufferPointer(rebasing: token[parsed.signaturePart])
@@ -197,8 +201,8 @@ public final class SETVerifier: Sendable {
             }
         }
         try checkAudience(set, policy: policy)
-        try checkTimes(set, policy: policy)
-        try checkProfile(set, policy: policy)
+        try checkTimes(set, policy: policy, now: now)
+        try checkProfile(set, policy: policy, now: now)
         return VerifiedSET(token: set, header: JOSEHeader(algorithm: parsed.algorithm, keyID: parsed.keyID,
                                                           type: parsed.type, members: parsed.header),
                            profile: policy.profile, keyThumbprint: key.thumbprint, key: key.jwk)
@@ -213,8 +217,7 @@ public final class SETVerifier: Sendable {
         }
     }
 
-    private func checkTimes(_ set: SecurityEventToken, policy: IssuerPolicy) throws(VerificationError) {
-        let now = clock.now()
+    private func checkTimes(_ set: SecurityEventToken, policy: IssuerPolicy, now: Double) throws(VerificationError) {
         if set.issuedAt > now + policy.clockSkew {
             throw VerificationError(.issuedInFuture, "\"iat\" is \(Int(set.issuedAt - now)) s in the future; at most \(Int(policy.clockSkew)) s of clock skew is allowed")
         }
@@ -223,7 +226,7 @@ public final class SETVerifier: Sendable {
         }
     }
 
-    private func checkProfile(_ set: SecurityEventToken, policy: IssuerPolicy) throws(VerificationError) {
+    private func checkProfile(_ set: SecurityEventToken, policy: IssuerPolicy, now: Double) throws(VerificationError) {
         let logoutURI = EventType.backchannelLogout.uri
         let hasLogoutEvent = set.events.contains { $0.type.uri == logoutURI }
         switch policy.profile {
@@ -255,8 +258,8 @@ public final class SETVerifier: Sendable {
             guard let exp = set.expiration else {
                 throw VerificationError(.missingClaim, "the logout token has no \"exp\" claim")
             }
-            if clock.now() > exp + policy.clockSkew {
-                throw VerificationError(.expired, "the logout token expired \(Int(clock.now() - exp)) s ago")
+            if now > exp + policy.clockSkew {
+                throw VerificationError(.expired, "the logout token expired \(Int(now - exp)) s ago")
             }
             if set.claims["nonce"] != nil {
                 throw VerificationError(.invalidClaim, "a logout token must not carry \"nonce\"")
