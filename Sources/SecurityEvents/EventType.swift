@@ -236,7 +236,6 @@ public enum EventCatalog {
         return defs
     }()
 
-    private static let byURI: [String: EventDefinition] = Dictionary(all.map { ($0.uri, $0) }, uniquingKeysWith: { a, _ in a })
     private static let indexByURI: [String: Int] = Dictionary(all.enumerated().map { ($1.uri, $0) }, uniquingKeysWith: { a, _ in a })
 
     static func index(of uri: String) -> Int? { indexByURI[uri] }
@@ -244,11 +243,11 @@ public enum EventCatalog {
     /// Short names map to every definition bearing them (`verification` names both RISC and SSF's).
     private static let byName: [String: [EventDefinition]] = Dictionary(grouping: all, by: \.name)
 
-    public static func definition(for uri: String) -> EventDefinition? { byURI[uri] }
+    public static func definition(for uri: String) -> EventDefinition? { index(of: uri).map { all[$0] } }
 
     /// The definitions a configuration key names: a short name or a full URI.
     public static func definitions(named key: String) -> [EventDefinition] {
-        if let byURI = byURI[key] { return [byURI] }
+        if let definition = definition(for: key) { return [definition] }
         return byName[key] ?? []
     }
 }

@@ -145,11 +145,6 @@ public actor IssuerKeyCache {
         }
     }
 
-    public nonisolated var isFresh: Bool {
-        guard let s = currentSnapshot() else { return false }
-        return clock.now() < s.expiresAt
-    }
-
     /// What a verification should use.
     public enum Lookup: Sendable {
         case keys(KeySet)
