@@ -54,6 +54,9 @@ public struct ClaimRule: Sendable, Hashable {
 public enum SubjectPlacement: Sendable, Hashable {
     /// The subject is in the payload (Google, RISC, OAuth) or in `sub_id` (SSF); either will do.
     case expected
+    /// The payload itself must carry an `oauth_token` subject: the token the event names
+    /// (OAuth `token-issued`, `token-revoked`).
+    case tokenInEvent
     /// The payload has no subject of its own (verification, stream-updated, logout).
     case none
 }
@@ -197,9 +200,11 @@ public enum EventCatalog {
 
         // OAuth Event Types 1.0 (SPEC §3.4).
         let tokenReasons = ["inactive", "too_many", "api", "user", "issuer"]
-        add(.oauth, oauth, "token-issued", [ClaimRule("token_subject", .object), ClaimRule("reason", .string)])
+        add(.oauth, oauth, "token-issued", [ClaimRule("token_subject", .object), ClaimRule("reason", .string)],
+            subject: .tokenInEvent)
         add(.oauth, oauth, "token-revoked",
-            [ClaimRule("token_subject", .object), ClaimRule("reason", .string, knownValues: tokenReasons)])
+            [ClaimRule("token_subject", .object), ClaimRule("reason", .string, knownValues: tokenReasons)],
+            subject: .tokenInEvent)
         add(.oauth, oauth, "tokens-revoked", [ClaimRule("reason", .string, knownValues: ["user", "issuer"])])
         add(.oauth, oauth, "client-disabled")
         add(.oauth, oauth, "client-enabled")

@@ -32,10 +32,10 @@ public enum PayloadSchemas {
             properties[rule.name] = .object(property)
             if rule.required { required.append(.string(rule.name)) }
         }
-        if definition.subject == .expected {
+        if definition.subject != .none {
             properties["subject"] = ["$ref": .string(subjectIdentifierID)]
         }
-        if definition.name == "token-revoked" || definition.name == "token-issued" {
+        if definition.subject == .tokenInEvent {
             required.append("subject")
         }
         var schema: JSONObject = [

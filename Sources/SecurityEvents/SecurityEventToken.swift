@@ -202,7 +202,7 @@ extension SecurityEventToken {
                         throw fail(.invalidEvent(uri), "event \(definition.name): \"\(rule.name)\" must be \(rule.type.rawValue), not \(claim.typeName)")
                     }
                 }
-                if definition.name == "token-revoked" || definition.name == "token-issued" {
+                if definition.subject == .tokenInEvent {
                     guard case .oauthToken? = subject, source == .event else {
                         throw fail(.invalidEvent(uri), "event \(definition.name) requires an oauth_token subject in the event")
                     }

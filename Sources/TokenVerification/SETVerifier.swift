@@ -65,11 +65,12 @@ public final class SETVerifier: Sendable {
     public func verify(_ token: some Collection<UInt8>) async -> Result<VerifiedSET, VerificationError> {
         // Fast path: the issuer's keys are at hand, so everything happens in place, without
         // suspending or copying the token.
-        let attempt = token.withContiguousStorageIfAvailable { attemptWithCachedKeys($0) }
-            ?? Array(token).withUnsafeBufferPointer { attemptWithCachedKeys($0) }
-        guard case .needsKeys(let issuer, let keyID) = attempt else {
-            if case .done(let result) = attempt { return result }
-            preconditionFailure("unreachable")
+        let first = token.withContiguousStorageIfAvailable { attempt($0, keys: .cached) }
+            ?? Array(token).withUnsafeBufferPointer { attempt($0, keys: .cached) }
+        let issuer: Issuer, keyID: String
+        switch first {
+        case .done(let result): return result
+        case .needsKeys(let i, let k): (issuer, keyID) = (i, k)
         }
 
         // Slow path: load or refresh the issuer's keys, then verify with what they hold.
@@ -89,12 +90,11 @@ public final class SETVerifier: Sendable {
                     "no key \(quoted(keyID)) is cached for issuer \(quoted(issuer.policy.issuer)) and the JWKS cannot be fetched: \(failure)"))
             }
         }
-        let bytes = Array(token)
-        return bytes.withUnsafeBufferPointer { buffer in
-            Result { () throws(VerificationError) -> VerifiedSET in
-                let parsed = try ParsedToken(buffer, maximumBytes: maximumTokenBytes)
-                return try finish(parsed, token: buffer, issuer: try selectIssuer(parsed), entry: entry, now: clock.now())
+        return Array(token).withUnsafeBufferPointer { buffer in
+            guard case .done(let result) = attempt(buffer, keys: .resolved(entry)) else {
+                preconditionFailure("a resolved key never asks for keys")
             }
+            return result
         }
     }
 
@@ -103,13 +103,29 @@ public final class SETVerifier: Sendable {
         case needsKeys(Issuer, keyID: String)
     }
 
-    private func attemptWithCachedKeys(_ token: UnsafeBufferPointer<UInt8>) -> Attempt {
+    /// Which key a verification attempt uses.
+    private enum KeyChoice {
+        /// The issuer's published keys, if fresh and holding the kid; otherwise ask for keys.
+        case cached
+        /// What the key cache resolved (nil: the issuer has no such kid).
+        case resolved(KeySetEntry?)
+    }
+
+    /// Verifies in place, in the caller's buffer, without suspending.
+    private func attempt(_ token: UnsafeBufferPointer<UInt8>, keys: KeyChoice) -> Attempt {
         do throws(VerificationError) {
             let parsed = try ParsedToken(token, maximumBytes: maximumTokenBytes)
             let issuer = try selectIssuer(parsed)
             let now = clock.now()
-            guard let entry = issuer.keys.freshEntry(keyID: parsed.keyID, at: now) else {
-                return .needsKeys(issuer, keyID: parsed.keyID)
+            let entry: KeySetEntry?
+            switch keys {
+            case .resolved(let resolved):
+                entry = resolved
+            case .cached:
+                guard let cached = issuer.keys.freshEntry(keyID: parsed.keyID, at: now) else {
+                    return .needsKeys(issuer, keyID: parsed.keyID)
+                }
+                entry = cached
             }
             return .done(.success(try finish(parsed, token: token, issuer: issuer, entry: entry, now: now)))
         } catch {
@@ -247,7 +263,7 @@ public final class SETVerifier: Sendable {
             }
             // SETs are not checked for exp (Google's guide: they describe past events).
             for event in set.events {
-                if let definition = event.type.definition, definition.subject == .expected, event.subject == nil {
+                if let definition = event.type.definition, definition.subject != .none, event.subject == nil {
                     throw VerificationError(.invalidEvent, "event \(definition.name) has no subject (neither \"subject\" in the event nor \"sub_id\")")
                 }
             }
