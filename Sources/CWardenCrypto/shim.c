@@ -3,6 +3,7 @@
 #include <string.h>
 #include <openssl/bn.h>
 #include <openssl/core_names.h>
+#include <openssl/crypto.h>
 #include <openssl/ec.h>
 #include <openssl/evp.h>
 #include <openssl/obj_mac.h>
@@ -13,6 +14,12 @@ struct warden_key {
     EVP_PKEY *pkey;
     int kind;          /* 1 RSA, 2 EC, 3 Ed25519 */
     int curve_bits;    /* EC only */
+    /* RSA only: the public key in the form the PKCS #1 v1.5 check uses. Read-only once built,
+       so checkers on several threads share it. */
+    BIGNUM *n;
+    BIGNUM *e;
+    BN_MONT_CTX *mont; /* Montgomery form of n */
+    size_t modulus_len;
 };
 
 struct warden_checker {
@@ -20,9 +27,14 @@ struct warden_checker {
     warden_alg alg;
     EVP_MD *md;             /* NULL for EdDSA */
     EVP_MD_CTX *md_ctx;     /* digest (RSA/EC) or one-shot verify (EdDSA) */
-    EVP_PKEY_CTX *pkey_ctx; /* initialised once for RSA/EC, reused for every check */
+    EVP_PKEY_CTX *pkey_ctx; /* PS and ES: initialised once, reused for every check */
     BIGNUM *order;          /* EC group order, for the 1 <= r, s < n check */
     size_t coordinate_len;  /* EC: bytes per R and S */
+    /* RS: scratch numbers and context, reused for every check. */
+    BN_CTX *bn_ctx;
+    BIGNUM *s, *s_mont, *m;
+    const uint8_t *digest_info; /* DER DigestInfo prefix of the algorithm's hash */
+    size_t digest_info_len;
 };
 
 static warden_key *wrap(EVP_PKEY *pkey, int kind, int curve_bits) {
@@ -53,17 +65,36 @@ warden_key *warden_rsa_key_new(const uint8_t *n, size_t n_len, const uint8_t *e,
     BIGNUM *bn_e = BN_bin2bn(e, (int)e_len, NULL);
     OSSL_PARAM_BLD *bld = OSSL_PARAM_BLD_new();
     OSSL_PARAM *params = NULL;
-    if (bn_n && bn_e && bld &&
+    BN_CTX *ctx = BN_CTX_new();
+    BN_MONT_CTX *mont = BN_MONT_CTX_new();
+    warden_key *key = NULL;
+    /* A usable public key has an odd modulus and an odd exponent of at least 3 (e = 1 would
+       make every message its own signature) and at most 64 bits, as OpenSSL also requires. */
+    if (bn_n && bn_e && bld && ctx && mont &&
+        BN_is_odd(bn_n) && BN_is_odd(bn_e) && !BN_is_one(bn_e) && BN_num_bits(bn_e) <= 64 &&
+        BN_ucmp(bn_e, bn_n) < 0 &&
+        BN_MONT_CTX_set(mont, bn_n, ctx) &&
         OSSL_PARAM_BLD_push_BN(bld, OSSL_PKEY_PARAM_RSA_N, bn_n) &&
         OSSL_PARAM_BLD_push_BN(bld, OSSL_PKEY_PARAM_RSA_E, bn_e) &&
         (params = OSSL_PARAM_BLD_to_param(bld)) != NULL) {
         pkey = from_params("RSA", params);
+        key = wrap(pkey, 1, 0);
+    }
+    if (key != NULL) {
+        key->n = bn_n;
+        key->e = bn_e;
+        key->mont = mont;
+        key->modulus_len = (size_t)BN_num_bytes(bn_n);
+        bn_n = bn_e = NULL;
+        mont = NULL;
     }
     OSSL_PARAM_free(params);
     OSSL_PARAM_BLD_free(bld);
+    BN_CTX_free(ctx);
+    BN_MONT_CTX_free(mont);
     BN_free(bn_n);
     BN_free(bn_e);
-    return wrap(pkey, 1, 0);
+    return key;
 }
 
 static const char *group_name(int curve_bits) {
@@ -109,6 +140,9 @@ warden_key *warden_ed25519_key_new(const uint8_t *x, size_t x_len) {
 void warden_key_free(warden_key *key) {
     if (key == NULL) return;
     EVP_PKEY_free(key->pkey);
+    BN_free(key->n);
+    BN_free(key->e);
+    BN_MONT_CTX_free(key->mont);
     OPENSSL_free(key);
 }
 
@@ -142,12 +176,32 @@ static int expected_curve(warden_alg alg) {
     }
 }
 
+/* DER of DigestInfo up to the hash value, for SHA-256, -384, -512 (RFC 8017 §9.2, note 1). */
+static const uint8_t digest_info_sha256[] = {
+    0x30, 0x31, 0x30, 0x0d, 0x06, 0x09, 0x60, 0x86, 0x48, 0x01, 0x65, 0x03, 0x04, 0x02, 0x01, 0x05, 0x00, 0x04, 0x20};
+static const uint8_t digest_info_sha384[] = {
+    0x30, 0x41, 0x30, 0x0d, 0x06, 0x09, 0x60, 0x86, 0x48, 0x01, 0x65, 0x03, 0x04, 0x02, 0x02, 0x05, 0x00, 0x04, 0x30};
+static const uint8_t digest_info_sha512[] = {
+    0x30, 0x51, 0x30, 0x0d, 0x06, 0x09, 0x60, 0x86, 0x48, 0x01, 0x65, 0x03, 0x04, 0x02, 0x03, 0x05, 0x00, 0x04, 0x40};
+
+static void digest_info(warden_alg alg, const uint8_t **prefix, size_t *len) {
+    switch (alg) {
+    case WARDEN_RS384: *prefix = digest_info_sha384; *len = sizeof(digest_info_sha384); break;
+    case WARDEN_RS512: *prefix = digest_info_sha512; *len = sizeof(digest_info_sha512); break;
+    default: *prefix = digest_info_sha256; *len = sizeof(digest_info_sha256); break;
+    }
+}
+
 void warden_checker_free(warden_checker *c) {
     if (c == NULL) return;
     EVP_MD_free(c->md);
     EVP_MD_CTX_free(c->md_ctx);
     EVP_PKEY_CTX_free(c->pkey_ctx);
     BN_free(c->order);
+    BN_free(c->s);
+    BN_free(c->s_mont);
+    BN_free(c->m);
+    BN_CTX_free(c->bn_ctx);
     OPENSSL_free(c);
 }
 
@@ -164,15 +218,24 @@ warden_checker *warden_checker_new(const warden_key *key, warden_alg alg) {
     if (alg == WARDEN_EDDSA) return c;
 
     c->md = EVP_MD_fetch(NULL, digest_name(alg), NULL);
+    if (c->md == NULL) goto fail;
+    if (alg == WARDEN_RS256 || alg == WARDEN_RS384 || alg == WARDEN_RS512) {
+        c->bn_ctx = BN_CTX_new();
+        c->s = BN_new();
+        c->s_mont = BN_new();
+        c->m = BN_new();
+        if (c->bn_ctx == NULL || c->s == NULL || c->s_mont == NULL || c->m == NULL) goto fail;
+        digest_info(alg, &c->digest_info, &c->digest_info_len);
+        /* The encoded message must fit: k >= tLen + 11 (RFC 8017 §9.2 step 3). */
+        if (key->modulus_len < c->digest_info_len + (size_t)EVP_MD_get_size(c->md) + 11) goto fail;
+        return c;
+    }
     c->pkey_ctx = EVP_PKEY_CTX_new_from_pkey(NULL, key->pkey, NULL);
     if (c->md == NULL || c->pkey_ctx == NULL) goto fail;
     if (EVP_PKEY_verify_init(c->pkey_ctx) <= 0) goto fail;
     if (EVP_PKEY_CTX_set_signature_md(c->pkey_ctx, c->md) <= 0) goto fail;
 
     switch (alg) {
-    case WARDEN_RS256: case WARDEN_RS384: case WARDEN_RS512:
-        if (EVP_PKEY_CTX_set_rsa_padding(c->pkey_ctx, RSA_PKCS1_PADDING) <= 0) goto fail;
-        break;
     case WARDEN_PS256: case WARDEN_PS384: case WARDEN_PS512:
         /* RFC 7518 §3.5: MGF1 with the same hash, salt as long as the hash output. */
         if (EVP_PKEY_CTX_set_rsa_padding(c->pkey_ctx, RSA_PKCS1_PSS_PADDING) <= 0 ||
@@ -224,6 +287,43 @@ done:
     return result > 0 ? result : 0;
 }
 
+/* RSASSA-PKCS1-v1_5 verification as RFC 8017 §8.2.2 specifies it: m = s^e mod n, then the
+   whole encoded message is compared with the one built from the digest. Nothing in the
+   recovered message is parsed, so no padding or DigestInfo variant can slip through. The
+   exponentiation runs on libcrypto's Montgomery multiplication with the key's precomputed
+   Montgomery context and this checker's scratch numbers; all inputs are public. */
+static int pkcs1_v15_verify(warden_checker *c, const uint8_t *signature, size_t signature_len,
+                            const uint8_t *digest, size_t digest_len) {
+    const warden_key *key = c->key;
+    size_t k = key->modulus_len;
+    if (signature_len != k || k > 2048) return 0;
+    if (k < c->digest_info_len + digest_len + 11) return 0;
+    BN_CTX *ctx = c->bn_ctx;
+    if (BN_bin2bn(signature, (int)signature_len, c->s) == NULL) return 0;
+    /* RSAVP1 step 1: the signature representative must be less than n. */
+    if (BN_ucmp(c->s, key->n) >= 0) return 0;
+    /* Left-to-right square-and-multiply over the bits of e, in Montgomery form. */
+    if (!BN_to_montgomery(c->s_mont, c->s, key->mont, ctx)) return 0;
+    if (BN_copy(c->m, c->s_mont) == NULL) return 0;
+    for (int bit = BN_num_bits(key->e) - 2; bit >= 0; bit--) {
+        if (!BN_mod_mul_montgomery(c->m, c->m, c->m, key->mont, ctx)) return 0;
+        if (BN_is_bit_set(key->e, bit) && !BN_mod_mul_montgomery(c->m, c->m, c->s_mont, key->mont, ctx)) return 0;
+    }
+    if (!BN_from_montgomery(c->m, c->m, key->mont, ctx)) return 0;
+
+    uint8_t recovered[2048], expected[2048];
+    if (BN_bn2binpad(c->m, recovered, (int)k) != (int)k) return 0;
+    /* EM = 0x00 || 0x01 || PS (0xff…, at least 8) || 0x00 || DigestInfo || H */
+    size_t t_len = c->digest_info_len + digest_len;
+    expected[0] = 0x00;
+    expected[1] = 0x01;
+    memset(expected + 2, 0xff, k - t_len - 3);
+    expected[k - t_len - 1] = 0x00;
+    memcpy(expected + k - t_len, c->digest_info, c->digest_info_len);
+    memcpy(expected + k - digest_len, digest, digest_len);
+    return CRYPTO_memcmp(recovered, expected, k) == 0;
+}
+
 int warden_checker_verify(warden_checker *c, const uint8_t *message, size_t message_len,
                           const uint8_t *signature, size_t signature_len) {
     if (c == NULL || signature_len == 0) return 0;
@@ -249,5 +349,8 @@ int warden_checker_verify(warden_checker *c, const uint8_t *message, size_t mess
     }
     /* RSA: the signature is exactly as long as the modulus (RFC 7518 §3.3). */
     if (signature_len != (size_t)EVP_PKEY_get_size(c->key->pkey)) return 0;
-    return EVP_PKEY_verify(c->pkey_ctx, signature, signature_len, digest, digest_len) == 1;
+    if (c->pkey_ctx != NULL) {
+        return EVP_PKEY_verify(c->pkey_ctx, signature, signature_len, digest, digest_len) == 1;
+    }
+    return pkcs1_v15_verify(c, signature, signature_len, digest, digest_len);
 }

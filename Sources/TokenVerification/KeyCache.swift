@@ -140,8 +140,9 @@ public actor IssuerKeyCache {
     /// under the lock, so nothing but the entry is copied.
     public nonisolated func freshEntry(keyID: String, at now: Double) -> KeySetEntry? {
         published.withLock { snapshot -> KeySetEntry? in
-            guard let snapshot, now < snapshot.expiresAt else { return nil }
-            return snapshot.keys[keyID]
+            // Optional chaining reads in place; binding the snapshot would copy (and release) it.
+            guard let expiresAt = snapshot?.expiresAt, now < expiresAt else { return nil }
+            return snapshot?.keys[keyID]
         }
     }
 

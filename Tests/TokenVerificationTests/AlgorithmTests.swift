@@ -1,3 +1,4 @@
+import Foundation
 import SETMinting
 import SecurityEvents
 import Testing
@@ -46,6 +47,105 @@ struct AlgorithmTests {
         let forged = try SETMinter.token(header: ["alg": "ES256", "kid": "bare"], claims: Fixture.riscClaims(clock), key: rsa)
         let v2 = Fixture.pinnedVerifier(keys: [rsa], algorithms: [.es256], clock: clock)
         #expect(await v2.verify(forged).error?.kind == .algorithmMismatch)
+    }
+
+    /// RSASSA-PKCS1-v1_5 compares the whole encoded message: a signature whose DigestInfo names
+    /// another hash, or whose padding is PSS, does not verify under an RS header.
+    @Test(arguments: [("RS384", "RS256"), ("RS256", "RS512"), ("PS256", "RS256"), ("RS256", "PS256")])
+    func signatureMustUseTheHeadersHashAndPadding(_ signedAs: String, _ claimedAs: String) async throws {
+        let clock = ManualClock()
+        var key = try SigningKey.rsa(keyID: "bare", algorithm: signedAs)
+        key.publishesAlgorithm = false
+        let verifier = Fixture.pinnedVerifier(keys: [key], algorithms: [.rs256, .rs384, .rs512, .ps256], clock: clock)
+        let honest = try SETMinter.token(claims: Fixture.riscClaims(clock), key: key)
+        #expect(await verifier.verify(honest).value != nil)
+        let mislabelled = try SETMinter.token(header: ["alg": .string(claimedAs), "kid": "bare"],
+                                              claims: Fixture.riscClaims(clock), key: key)
+        #expect(await verifier.verify(mislabelled).error?.kind == .badSignature)
+    }
+
+    /// RFC 8017 §8.2.2 / §5.2.2: a signature representative not below the modulus is refused,
+    /// even s + n, which reduces to a valid signature.
+    @Test func rsaSignatureNotBelowTheModulusIsRefused() async throws {
+        let clock = ManualClock()
+        // s + n must fit in k bytes: find a key whose modulus starts low, then a signature that does.
+        var found: (key: SigningKey, token: String, sum: [UInt8])? = nil
+        search: for _ in 0..<40 {
+            let key = try SigningKey.rsa(keyID: "low-n", algorithm: "RS256")
+            let modulus = Base64URL.decode(key.publicJWK["n"]!.stringValue!)!
+            guard modulus[0] <= 0xB0 else { continue }
+            for _ in 0..<60 {
+                let token = try SETMinter.token(claims: Fixture.riscClaims(clock), key: key)
+                let signature = Base64URL.decode(String(token.split(separator: ".")[2]))!
+                var sum = [UInt8](repeating: 0, count: modulus.count), carry = 0
+                for i in stride(from: modulus.count - 1, through: 0, by: -1) {
+                    let t = Int(modulus[i]) + Int(signature[i]) + carry
+                    sum[i] = UInt8(t & 0xFF)
+                    carry = t >> 8
+                }
+                if carry == 0 { found = (key, token, sum); break search }
+            }
+        }
+        let (key, token, sum) = try #require(found)
+        let verifier = Fixture.pinnedVerifier(keys: [key], clock: clock)
+        #expect(await verifier.verify(token).value != nil)
+        let parts = token.split(separator: ".").map(String.init)
+        let modulus = Base64URL.decode(key.publicJWK["n"]!.stringValue!)!
+        for candidate in [sum, modulus, [UInt8](repeating: 0xFF, count: modulus.count)] {
+            let forged = parts[0] + "." + parts[1] + "." + Base64URL.encode(candidate)
+            #expect(await verifier.verify(forged).error?.kind == .badSignature)
+        }
+    }
+
+    /// Public exponents other than 65537 (e = 3, 17, 65539), with keys and signatures made by the
+    /// openssl command-line tool: an independent signer for the square-and-multiply check.
+    @Test(arguments: [3, 17, 65539])
+    func rsaKeysWithOtherExponentsVerify(_ exponent: Int) async throws {
+        let clock = ManualClock()
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("warden-rsa-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let pem = directory.appendingPathComponent("key.pem").path
+        _ = try openssl(["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048",
+                         "-pkeyopt", "rsa_keygen_pubexp:\(exponent)", "-out", pem])
+        let modulusLine = String(decoding: try openssl(["rsa", "-in", pem, "-noout", "-modulus"]), as: UTF8.self)
+        let hex = Array(modulusLine.trimmingCharacters(in: .whitespacesAndNewlines).dropFirst("Modulus=".count))
+        let modulus = stride(from: 0, to: hex.count, by: 2).map { UInt8(String(hex[$0..<$0 + 2]), radix: 16)! }
+        var e = [UInt8](), rest = exponent
+        while rest > 0 { e.insert(UInt8(rest & 0xFF), at: 0); rest >>= 8 }
+        let jwk: JSONObject = ["kty": "RSA", "kid": "other-e", "alg": "RS256", "use": "sig",
+                               "n": .string(Base64URL.encode(modulus)), "e": .string(Base64URL.encode(e))]
+        let jwks = JSONValue.object(["keys": [.object(jwk)]]).jsonText
+        let policy = IssuerPolicy(issuer: Fixture.issuer, keySource: .pinned(document: Array(jwks.utf8), origin: "test"),
+                                  audiences: [Fixture.audience], algorithms: [.rs256])
+        let cache = IssuerKeyCache(issuer: Fixture.issuer, source: policy.keySource, settings: policy.keyCache,
+                                   fetcher: NoFetch(), clock: clock.wall, logger: Fixture.quietLogger)
+        let verifier = SETVerifier(issuers: [.init(policy: policy, keys: cache)], clock: clock.wall)
+
+        let input = Base64URL.encode(#"{"alg":"RS256","kid":"other-e"}"#) + "."
+            + Base64URL.encode(JSONValue.object(Fixture.riscClaims(clock)).jsonText)
+        let message = directory.appendingPathComponent("input").path
+        try Data(input.utf8).write(to: URL(fileURLWithPath: message))
+        var signature = try openssl(["dgst", "-sha256", "-sign", pem, message])
+        #expect(await verifier.verify(input + "." + Base64URL.encode(signature)).value != nil)
+        signature[7] ^= 0x40
+        #expect(await verifier.verify(input + "." + Base64URL.encode(signature)).error?.kind == .badSignature)
+    }
+
+    private func openssl(_ arguments: [String]) throws -> [UInt8] {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/openssl")
+        process.arguments = arguments
+        let out = Pipe()
+        process.standardOutput = out
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        let data = out.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        guard process.terminationStatus == 0 else {
+            throw CocoaError(.executableLoad, userInfo: [NSLocalizedDescriptionKey: "openssl \(arguments.first ?? "") failed"])
+        }
+        return Array(data)
     }
 
     @Test func thumbprintFollowsRFC7638() throws {
