@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 SWIFT ?= swift
 # Debian packages the build and the tests use.
-APT_PACKAGES := libssl-dev openssl python3-jsonschema
+APT_PACKAGES := libssl-dev openssl python3-jsonschema librdkafka-dev libsqlite3-dev sqlite3 kcat python3-confluent-kafka
 
 .PHONY: deps build run test bench schemas clean
 
@@ -19,10 +19,11 @@ deps:
 build: deps
 	$(SWIFT) build
 
-# The main job on embedded defaults: verify the bundled example SET against the bundled keys.
+# The main job on embedded defaults: the worker on librdkafka's in-process Kafka cluster, with a
+# SQLite ledger in .warden/. It prints the cluster's address; see README for sending it a token.
 run: deps
 	$(SWIFT) build --product warden
-	$$($(SWIFT) build --show-bin-path)/warden verify --config examples/warden.yaml examples/tokens/sessions-revoked.jwt
+	$$($(SWIFT) build --show-bin-path)/warden run --config examples/warden.yaml
 
 test: deps
 	$(SWIFT) test

@@ -25,6 +25,10 @@ let package = Package(
         .package(url: "https://github.com/jpsim/Yams", from: "6.2.2"),
         .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.28.1"),
         .package(url: "https://github.com/apple/swift-http-types", from: "1.8.0"),
+        .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
+        .package(url: "https://github.com/apple/swift-metrics", from: "2.13.0"),
+        .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.4.1"),
+        .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
     ],
     targets: [
         // Thin C layer over Debian's OpenSSL libcrypto: public keys from JWK members and
@@ -50,11 +54,46 @@ let package = Package(
             ],
             swiftSettings: strict
         ),
+        // Debian's librdkafka-dev: the client and its in-process mock cluster.
+        .systemLibrary(
+            name: "CRdkafka",
+            pkgConfig: "rdkafka",
+            providers: [.apt(["librdkafka-dev"])]
+        ),
+        // A thin Swift layer over librdkafka. Knows nothing about security events.
+        .target(
+            name: "Kafka",
+            dependencies: ["CRdkafka", .product(name: "Logging", package: "swift-log")],
+            swiftSettings: strict
+        ),
+        // Durable state: de-duplication claims, event records, outcomes.
+        .target(
+            name: "Ledger",
+            dependencies: [.product(name: "GRDB", package: "GRDB.swift")],
+            swiftSettings: strict
+        ),
+        // Intake → verify → claim → record → commit, with metrics and health endpoints.
+        .target(
+            name: "Pipeline",
+            dependencies: [
+                "Kafka", "Ledger", "SecurityEvents", "TokenVerification",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "NIOCore", package: "swift-nio"),
+            ],
+            swiftSettings: strict
+        ),
         .target(
             name: "WardenCLI",
             dependencies: [
                 "SecurityEvents",
                 "TokenVerification",
+                "Kafka", "Ledger", "Pipeline",
+                .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "Prometheus", package: "swift-prometheus"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Yams", package: "Yams"),
@@ -117,9 +156,19 @@ let package = Package(
             swiftSettings: testSettings
         ),
         .testTarget(
+            name: "KafkaTests",
+            dependencies: ["Kafka", .product(name: "Logging", package: "swift-log")],
+            swiftSettings: testSettings
+        ),
+        .testTarget(
+            name: "LedgerTests",
+            dependencies: ["Ledger"],
+            swiftSettings: testSettings
+        ),
+        .testTarget(
             name: "WardenCLITests",
             dependencies: [
-                "WardenCLI", "TokenVerification", "SETMinting", "SecurityEvents", "WardenTestSupport", "warden",
+                "WardenCLI", "TokenVerification", "SETMinting", "SecurityEvents", "WardenTestSupport", "warden", "Kafka", "Ledger",
             ],
             swiftSettings: testSettings
         ),

@@ -7,6 +7,11 @@ public struct WardenConfiguration: Sendable {
     public var issuers: [IssuerPolicy]
     /// Largest token accepted before any parsing. Default 64 KiB.
     public var maximumTokenBytes: Int
+    /// `kafka:`; nil when the section is absent.
+    public var kafka: KafkaSettings?
+    public var http: HTTPSettings
+    /// `ledger:`; nil when absent (`warden run` requires it).
+    public var ledger: LedgerLocation?
 
     /// Top-level sections of the product's configuration. Sections other parts of Warden read
     /// are accepted here and validated by those parts.
@@ -45,7 +50,10 @@ public struct WardenConfiguration: Sendable {
             issuers.append(policy)
         }
         let maximum = try root.child("max-token-size").byteSize() ?? SETVerifier.defaultMaximumTokenBytes
-        return WardenConfiguration(issuers: issuers, maximumTokenBytes: maximum)
+        return WardenConfiguration(
+            issuers: issuers, maximumTokenBytes: maximum, kafka: try KafkaSettings.parse(root.child("kafka")),
+            http: try HTTPSettings.parse(root.child("http")),
+            ledger: root.child("ledger").isPresent ? try LedgerLocation.parse(root.child("ledger")) : nil)
     }
 
     static func issuer(_ r: ConfigReader) throws(ConfigError) -> IssuerPolicy {

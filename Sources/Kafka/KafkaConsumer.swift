@@ -1,0 +1,339 @@
+internal import CRdkafka
+import Foundation
+public import Logging
+import Synchronization
+
+/// How a consumer joins its group and what it reads.
+public struct KafkaConsumerConfiguration: Sendable {
+    public var bootstrapServers: String
+    public var groupID: String
+    public var topics: [String]
+    /// Passed to librdkafka after Warden's defaults, so they may override them
+    /// (e.g. `auto.offset.reset`, `session.timeout.ms`, `security.protocol`).
+    public var properties: KafkaProperties
+    /// Messages handed out but not yet finished before fetching pauses. Default 4096.
+    public var maximumInFlight: Int
+    /// How often finished offsets are committed, in seconds. Default 1.
+    public var commitInterval: Double
+
+    public init(bootstrapServers: String, groupID: String, topics: [String], properties: KafkaProperties = [:],
+                maximumInFlight: Int = 4096, commitInterval: Double = 1) {
+        self.bootstrapServers = bootstrapServers
+        self.groupID = groupID
+        self.topics = topics
+        self.properties = properties
+        self.maximumInFlight = maximumInFlight
+        self.commitInterval = commitInterval
+    }
+
+    /// Offsets are committed only by `finished`; a new group starts at the earliest offset (a
+    /// security event published before the first start must not be missed); cooperative
+    /// rebalancing keeps partitions that do not move flowing during a rebalance.
+    var effectiveProperties: KafkaProperties {
+        var p: KafkaProperties = [
+            "bootstrap.servers": bootstrapServers,
+            "group.id": groupID,
+            "enable.auto.commit": "false",
+            "enable.auto.offset.store": "false",
+            "auto.offset.reset": "earliest",
+            "partition.assignment.strategy": "cooperative-sticky",
+            "enable.partition.eof": "false",
+        ]
+        for (name, value) in properties.values { p[name] = value }
+        return p
+    }
+}
+
+/// State shared by the poll thread, librdkafka's rebalance callback (which runs on the poll
+/// thread) and the tasks that finish messages.
+final class ConsumerState: Sendable {
+    struct Control {
+        var stopFetching = false
+        var closing = false
+        var paused = false
+        var joined = false
+    }
+
+    let tracker = Mutex(OffsetTracker())
+    let control = Mutex(Control())
+    let maximumInFlight: Int
+
+    init(maximumInFlight: Int) { self.maximumInFlight = maximumInFlight }
+}
+
+/// A member of a Kafka consumer group. Messages arrive through `messages`; each must be passed
+/// to `finished` once its outcome is durable, and only then can its offset be committed.
+/// Offsets are committed periodically, before partitions are revoked, and on close.
+///
+/// librdkafka's blocking poll runs on a thread of its own, never on Swift's cooperative pool.
+/// When too many messages are in flight the assigned partitions are paused, and polling goes on,
+/// so the member stays in its group however long the work takes.
+public final class KafkaConsumer: Sendable {
+    public let messages: AsyncStream<KafkaMessage>
+    private let continuation: AsyncStream<KafkaMessage>.Continuation
+    private let client: KafkaClient
+    private let state: ConsumerState
+    private let configuration: KafkaConsumerConfiguration
+    private let logger: Logger
+
+    public init(configuration: KafkaConsumerConfiguration, logger: Logger) throws(KafkaError) {
+        let state = ConsumerState(maximumInFlight: max(1, configuration.maximumInFlight))
+        let context = CallbackContext(logger: logger, consumer: state)
+        self.client = try KafkaClient(role: .consumer, properties: configuration.effectiveProperties, context: context) { conf in
+            rd_kafka_conf_set_rebalance_cb(conf, rebalanceCallback)
+            rd_kafka_conf_set_offset_commit_cb(conf, offsetCommitCallback)
+        }
+        self.state = state
+        self.configuration = configuration
+        self.logger = logger
+        (messages, continuation) = AsyncStream.makeStream(of: KafkaMessage.self)
+
+        rd_kafka_poll_set_consumer(client.handle)
+        let topics = rd_kafka_topic_partition_list_new(Int32(configuration.topics.count))!
+        defer { rd_kafka_topic_partition_list_destroy(topics) }
+        for topic in configuration.topics { rd_kafka_topic_partition_list_add(topics, topic, RD_KAFKA_PARTITION_UA) }
+        let err = rd_kafka_subscribe(client.handle, topics)
+        guard err == RD_KAFKA_RESP_ERR_NO_ERROR else {
+            throw KafkaError.code(err, "cannot subscribe to \(configuration.topics.joined(separator: ", "))")
+        }
+    }
+
+    /// Polls until `close()`; then commits what is finished and leaves the group. Throws when
+    /// librdkafka reports a fatal error (the stream of messages ends first).
+    public func run() async throws(KafkaError) {
+        let failure: String? = await withCheckedContinuation { (done: CheckedContinuation<String?, Never>) in
+            let thread = Thread { [self] in
+                done.resume(returning: self.pollLoop())
+            }
+            thread.name = "warden-kafka-consumer"
+            thread.start()
+        }
+        if let failure { throw KafkaError(.fatal, "Kafka consumer stopped: \(failure)") }
+    }
+
+    /// The message's outcome is durable: its offset may be committed once every earlier
+    /// message of its partition is finished too.
+    public func finished(_ message: KafkaMessage) {
+        state.tracker.withLock { $0.finished(TopicPartition(message.topic, message.partition), offset: message.offset) }
+    }
+
+    /// Stops handing out messages (the stream ends) while staying in the group, so in-flight
+    /// work can finish and be committed.
+    public func stopFetching() {
+        state.control.withLock { $0.stopFetching = true }
+    }
+
+    /// Commits what is finished, leaves the group and ends `run()`.
+    public func close() {
+        state.control.withLock {
+            $0.stopFetching = true
+            $0.closing = true
+        }
+    }
+
+    /// Whether the member has received an assignment (possibly empty) from its group.
+    public var hasJoinedGroup: Bool { state.control.withLock { $0.joined } }
+
+    /// Per assigned partition: the offset last committed and the messages still in flight.
+    public func partitionStatus() -> [(partition: TopicPartition, committed: Int64?, inFlight: Int)] {
+        state.tracker.withLock { tracker in
+            tracker.partitions.map { ($0.key, $0.value.committed, $0.value.inFlight) }
+        }
+    }
+
+    // MARK: - The poll thread
+
+    private func pollLoop() -> String? {
+        let rk = client.handle
+        var lastCommit = Date()
+        var streamOpen = true
+        while true {
+            if let fatal = client.fatalError {
+                continuation.finish()
+                rd_kafka_consumer_close(rk)
+                return fatal
+            }
+            let control = state.control.withLock { $0 }
+            if control.closing { break }
+            if control.stopFetching, streamOpen {
+                continuation.finish()
+                streamOpen = false
+            }
+            adjustPause(stopFetching: control.stopFetching, paused: control.paused)
+
+            if let message = rd_kafka_consumer_poll(rk, 100) {
+                handle(message, deliver: streamOpen)
+                rd_kafka_message_destroy(message)
+            }
+            if Date().timeIntervalSince(lastCommit) >= configuration.commitInterval {
+                commit(synchronously: false)
+                lastCommit = Date()
+            }
+        }
+        if streamOpen { continuation.finish() }
+        commit(synchronously: true)
+        // Leaving the group runs the revoke callback, which commits once more.
+        let err = rd_kafka_consumer_close(rk)
+        if err != RD_KAFKA_RESP_ERR_NO_ERROR {
+            logger.warning("Kafka consumer close reported an error", metadata: ["kafka.error": "\(String(cString: rd_kafka_err2name(err)))"])
+        }
+        return nil
+    }
+
+    private func adjustPause(stopFetching: Bool, paused: Bool) {
+        let inFlight = state.tracker.withLock { $0.inFlight }
+        let shouldPause = stopFetching || inFlight >= state.maximumInFlight
+        let shouldResume = !stopFetching && inFlight <= state.maximumInFlight / 2
+        if !paused, shouldPause {
+            setPaused(true)
+        } else if paused, shouldResume {
+            setPaused(false)
+        }
+    }
+
+    private func setPaused(_ pause: Bool) {
+        let rk = client.handle
+        var assignment: UnsafeMutablePointer<rd_kafka_topic_partition_list_t>? = nil
+        guard rd_kafka_assignment(rk, &assignment) == RD_KAFKA_RESP_ERR_NO_ERROR, let assignment else { return }
+        defer { rd_kafka_topic_partition_list_destroy(assignment) }
+        _ = pause ? rd_kafka_pause_partitions(rk, assignment) : rd_kafka_resume_partitions(rk, assignment)
+        state.control.withLock { $0.paused = pause }
+        logger.debug(pause ? "paused fetching" : "resumed fetching", metadata: ["kafka.partitions": "\(assignment.pointee.cnt)"])
+    }
+
+    private func handle(_ pointer: UnsafeMutablePointer<rd_kafka_message_t>, deliver: Bool) {
+        let m = pointer.pointee
+        if m.err != RD_KAFKA_RESP_ERR_NO_ERROR {
+            if m.err != RD_KAFKA_RESP_ERR__PARTITION_EOF {
+                let detail = rd_kafka_message_errstr(pointer).map { String(cString: $0) } ?? ""
+                logger.warning("Kafka consumer error", metadata: [
+                    "kafka.error": "\(String(cString: rd_kafka_err2name(m.err)))", "kafka.reason": "\(detail)",
+                ])
+            }
+            return
+        }
+        // A message polled after fetching stopped is not handed out and not tracked: it is
+        // fetched again by whoever owns the partition next.
+        guard deliver else { return }
+        let topic = String(cString: rd_kafka_topic_name(m.rkt))
+        let value = m.payload.map { Array(UnsafeRawBufferPointer(start: $0, count: m.len)) } ?? []
+        let key = m.key.map { Array(UnsafeRawBufferPointer(start: $0, count: m.key_len)) }
+        var headers: [KafkaHeader] = []
+        var hdrs: OpaquePointer? = nil
+        if rd_kafka_message_headers(pointer, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR, let hdrs {
+            var index = 0
+            var name: UnsafePointer<CChar>? = nil
+            var valuePointer: UnsafeRawPointer? = nil
+            var size = 0
+            while rd_kafka_header_get_all(hdrs, index, &name, &valuePointer, &size) == RD_KAFKA_RESP_ERR_NO_ERROR {
+                let headerValue = valuePointer.map { Array(UnsafeRawBufferPointer(start: $0, count: size)) }
+                headers.append(KafkaHeader(name.map { String(cString: $0) } ?? "", headerValue))
+                index += 1
+            }
+        }
+        var timestampType = RD_KAFKA_TIMESTAMP_NOT_AVAILABLE
+        let timestamp = rd_kafka_message_timestamp(pointer, &timestampType)
+        let message = KafkaMessage(topic: topic, partition: m.partition, offset: m.offset, key: key, value: value,
+                                   headers: headers, timestamp: timestampType == RD_KAFKA_TIMESTAMP_NOT_AVAILABLE ? nil : timestamp)
+        state.tracker.withLock { $0.handedOut(TopicPartition(topic, m.partition), offset: m.offset) }
+        continuation.yield(message)
+    }
+
+    private func commit(synchronously: Bool) {
+        let commits = state.tracker.withLock { $0.takeCommits() }
+        Self.commit(client.handle, commits, synchronously: synchronously, state: state, logger: logger)
+    }
+
+    static func commit(_ rk: OpaquePointer, _ commits: [(TopicPartition, Int64)], synchronously: Bool,
+                       state: ConsumerState, logger: Logger) {
+        guard !commits.isEmpty else { return }
+        let list = rd_kafka_topic_partition_list_new(Int32(commits.count))!
+        defer { rd_kafka_topic_partition_list_destroy(list) }
+        for (tp, offset) in commits {
+            rd_kafka_topic_partition_list_add(list, tp.topic, tp.partition)!.pointee.offset = offset
+        }
+        let err = rd_kafka_commit(rk, list, synchronously ? 0 : 1)
+        if err != RD_KAFKA_RESP_ERR_NO_ERROR {
+            // Not committed: let the next round send these offsets again.
+            state.tracker.withLock { tracker in tracker.forgetCommitted(commits.map(\.0)) }
+            logger.warning("Kafka offset commit failed", metadata: [
+                "kafka.error": "\(String(cString: rd_kafka_err2name(err)))",
+                "kafka.partitions": "\(commits.map { "\($0.0)@\($0.1)" }.joined(separator: ","))",
+            ])
+        } else if synchronously {
+            logger.debug("committed offsets", metadata: ["kafka.partitions": "\(commits.map { "\($0.0)@\($0.1)" }.joined(separator: ","))"])
+        }
+    }
+}
+
+func partitions(of list: UnsafeMutablePointer<rd_kafka_topic_partition_list_t>) -> [TopicPartition] {
+    let count = Int(list.pointee.cnt)
+    return (0..<count).map { i in
+        let element = list.pointee.elems[i]
+        return TopicPartition(String(cString: element.topic), element.partition)
+    }
+}
+
+/// Assignment changes. Before partitions go, what is finished for them is committed
+/// synchronously; messages still in flight for them will be delivered again to their next owner
+/// (the ledger's de-duplication absorbs that).
+private let rebalanceCallback: @convention(c) (OpaquePointer?, rd_kafka_resp_err_t, UnsafeMutablePointer<rd_kafka_topic_partition_list_t>?, UnsafeMutableRawPointer?) -> Void = {
+    rk, err, list, _ in
+    guard let rk, let list, let context = CallbackContext.from(rk), let state = context.consumer else { return }
+    let cooperative = String(cString: rd_kafka_rebalance_protocol(rk)) == "COOPERATIVE"
+    let changed = partitions(of: list)
+    switch err {
+    case RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS:
+        state.tracker.withLock { $0.assigned(changed) }
+        if cooperative {
+            if let error = rd_kafka_incremental_assign(rk, list) { rd_kafka_error_destroy(error) }
+        } else {
+            rd_kafka_assign(rk, list)
+        }
+        let paused = state.control.withLock { control -> Bool in
+            control.joined = true
+            return control.paused
+        }
+        if paused { rd_kafka_pause_partitions(rk, list) }
+        context.logger.info("partitions assigned", metadata: ["kafka.partitions": "\(changed.map(\.description).joined(separator: ","))"])
+    case RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS:
+        let revoked = Set(changed)
+        let commits = state.tracker.withLock { $0.takeCommits(only: revoked) }
+        KafkaConsumer.commit(rk, commits, synchronously: true, state: state, logger: context.logger)
+        state.tracker.withLock { $0.revoked(changed) }
+        if cooperative {
+            if let error = rd_kafka_incremental_unassign(rk, list) { rd_kafka_error_destroy(error) }
+        } else {
+            rd_kafka_assign(rk, nil)
+        }
+        context.logger.info("partitions revoked", metadata: ["kafka.partitions": "\(changed.map(\.description).joined(separator: ","))"])
+    default:
+        context.logger.error("rebalance failed", metadata: ["kafka.error": "\(String(cString: rd_kafka_err2name(err)))"])
+        if cooperative {
+            if let error = rd_kafka_incremental_unassign(rk, list) { rd_kafka_error_destroy(error) }
+        } else {
+            rd_kafka_assign(rk, nil)
+        }
+    }
+}
+
+/// Results of asynchronous commits: a failed partition is sent again next round.
+private let offsetCommitCallback: @convention(c) (OpaquePointer?, rd_kafka_resp_err_t, UnsafeMutablePointer<rd_kafka_topic_partition_list_t>?, UnsafeMutableRawPointer?) -> Void = {
+    rk, err, list, _ in
+    guard let context = CallbackContext.from(rk), let state = context.consumer, let list else { return }
+    guard err != RD_KAFKA_RESP_ERR__NO_OFFSET else { return }
+    var failed: [TopicPartition] = []
+    for i in 0..<Int(list.pointee.cnt) {
+        let element = list.pointee.elems[i]
+        if err != RD_KAFKA_RESP_ERR_NO_ERROR || element.err != RD_KAFKA_RESP_ERR_NO_ERROR {
+            failed.append(TopicPartition(String(cString: element.topic), element.partition))
+        }
+    }
+    if !failed.isEmpty {
+        state.tracker.withLock { $0.forgetCommitted(failed) }
+        context.logger.warning("Kafka offset commit failed; will retry", metadata: [
+            "kafka.error": "\(String(cString: rd_kafka_err2name(err)))",
+            "kafka.partitions": "\(failed.map(\.description).joined(separator: ","))",
+        ])
+    }
+}

@@ -1,0 +1,62 @@
+internal import CRdkafka
+
+/// A librdkafka failure: the error's name and librdkafka's own words.
+public struct KafkaError: Error, Sendable, CustomStringConvertible {
+    public enum Kind: Sendable, Equatable {
+        /// A configuration property was refused (unknown name or bad value).
+        case configuration
+        /// The client could not be created or a call failed.
+        case client
+        /// librdkafka reported a fatal error; the client cannot continue.
+        case fatal
+        /// A message could not be delivered.
+        case delivery
+        /// The client is closed.
+        case closed
+    }
+
+    public var kind: Kind
+    public var message: String
+
+    public init(_ kind: Kind, _ message: String) {
+        self.kind = kind
+        self.message = message
+    }
+
+    public var description: String { message }
+
+    static func code(_ err: rd_kafka_resp_err_t, _ context: String) -> KafkaError {
+        KafkaError(.client, "\(context): \(String(cString: rd_kafka_err2name(err))) (\(String(cString: rd_kafka_err2str(err))))")
+    }
+}
+
+/// librdkafka properties, passed through as given (`bootstrap.servers`, `security.protocol`,
+/// SASL, SSL, …). Values are strings, as librdkafka takes them.
+public struct KafkaProperties: Sendable, ExpressibleByDictionaryLiteral {
+    public var values: [String: String]
+
+    public init(_ values: [String: String] = [:]) { self.values = values }
+    public init(dictionaryLiteral elements: (String, String)...) {
+        self.values = Dictionary(elements, uniquingKeysWith: { _, last in last })
+    }
+
+    public subscript(name: String) -> String? {
+        get { values[name] }
+        set { values[name] = newValue }
+    }
+
+    /// A librdkafka configuration object holding these properties; refuses unknown names or
+    /// bad values with librdkafka's message and the property's name. Secrets are not echoed.
+    func makeConfiguration() throws(KafkaError) -> OpaquePointer {
+        let conf = rd_kafka_conf_new()!
+        var errstr = [CChar](repeating: 0, count: 512)
+        for (name, value) in values.sorted(by: { $0.key < $1.key }) {
+            if rd_kafka_conf_set(conf, name, value, &errstr, errstr.count) != RD_KAFKA_CONF_OK {
+                rd_kafka_conf_destroy(conf)
+                let reason = String(decoding: errstr.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+                throw KafkaError(.configuration, "Kafka property \"\(name)\": \(reason)")
+            }
+        }
+        return conf
+    }
+}

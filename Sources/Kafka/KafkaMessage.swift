@@ -1,0 +1,57 @@
+/// A message as it came from a partition.
+public struct KafkaMessage: Sendable {
+    public var topic: String
+    public var partition: Int32
+    public var offset: Int64
+    public var key: [UInt8]?
+    public var value: [UInt8]
+    public var headers: [KafkaHeader]
+    /// Milliseconds since the epoch, when the broker or producer set one.
+    public var timestamp: Int64?
+
+    public init(topic: String, partition: Int32, offset: Int64, key: [UInt8]?, value: [UInt8],
+                headers: [KafkaHeader] = [], timestamp: Int64? = nil) {
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.key = key
+        self.value = value
+        self.headers = headers
+        self.timestamp = timestamp
+    }
+
+    /// The first header with this name.
+    public func header(_ name: String) -> [UInt8]? {
+        headers.first { $0.name == name }?.value
+    }
+
+    /// `topic/partition/offset`, the message's address.
+    public var address: String { "\(topic)/\(partition)/\(offset)" }
+}
+
+public struct KafkaHeader: Sendable, Equatable {
+    public var name: String
+    public var value: [UInt8]?
+
+    public init(_ name: String, _ value: [UInt8]?) {
+        self.name = name
+        self.value = value
+    }
+
+    public init(_ name: String, _ value: String) {
+        self.init(name, Array(value.utf8))
+    }
+}
+
+/// One partition of one topic.
+public struct TopicPartition: Sendable, Hashable, CustomStringConvertible {
+    public var topic: String
+    public var partition: Int32
+
+    public init(_ topic: String, _ partition: Int32) {
+        self.topic = topic
+        self.partition = partition
+    }
+
+    public var description: String { "\(topic)/\(partition)" }
+}

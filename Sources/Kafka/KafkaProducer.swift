@@ -1,0 +1,137 @@
+internal import CRdkafka
+import Foundation
+public import Logging
+import Synchronization
+
+/// Where a produced message landed.
+public struct DeliveryReport: Sendable {
+    public var partition: Int32
+    public var offset: Int64
+}
+
+/// Produces messages and reports each one's delivery. `send` returns once the broker has the
+/// message (acks=all by default) or delivery failed for good.
+public final class KafkaProducer: Sendable {
+    private let client: KafkaClient
+    private let logger: Logger
+    private let loop = PollLoopState()
+
+    public init(bootstrapServers: String, properties: KafkaProperties = [:], logger: Logger) throws(KafkaError) {
+        var p: KafkaProperties = [
+            "bootstrap.servers": bootstrapServers,
+            "acks": "all",
+            "enable.idempotence": "true",
+            "linger.ms": "5",
+        ]
+        for (name, value) in properties.values { p[name] = value }
+        self.client = try KafkaClient(role: .producer, properties: p, context: CallbackContext(logger: logger, consumer: nil)) { conf in
+            rd_kafka_conf_set_dr_msg_cb(conf, deliveryCallback)
+        }
+        self.logger = logger
+        // Delivery reports are served by polling; a thread of its own keeps that off the pool.
+        let thread = Thread { [client, loop] in
+            while loop.running.withLock({ $0 }) {
+                rd_kafka_poll(client.handle, 100)
+            }
+            loop.stopped.signal()
+        }
+        thread.name = "warden-kafka-producer"
+        thread.start()
+    }
+
+    /// Sends one message and waits for its delivery report.
+    public func send(topic: String, key: [UInt8]? = nil, value: [UInt8], headers: [KafkaHeader] = []) async throws(KafkaError) -> DeliveryReport {
+        if let fatal = client.fatalError { throw KafkaError(.fatal, "Kafka producer failed: \(fatal)") }
+        guard loop.running.withLock({ $0 }) else { throw KafkaError(.closed, "the Kafka producer is closed") }
+        let result: Result<DeliveryReport, KafkaError> = await withCheckedContinuation { continuation in
+            let box = Unmanaged.passRetained(DeliveryBox(continuation))
+            let err = produce(topic: topic, key: key, value: value, headers: headers, opaque: box.toOpaque())
+            if err != RD_KAFKA_RESP_ERR_NO_ERROR {
+                box.release()
+                continuation.resume(returning: .failure(KafkaError.code(err, "cannot produce to \(topic)")))
+            }
+        }
+        return try result.get()
+    }
+
+    private func produce(topic: String, key: [UInt8]?, value: [UInt8], headers: [KafkaHeader],
+                         opaque: UnsafeMutableRawPointer) -> rd_kafka_resp_err_t {
+        let hdrs = rd_kafka_headers_new(headers.count)!
+        for header in headers {
+            if let v = header.value {
+                v.withUnsafeBytes { _ = rd_kafka_header_add(hdrs, header.name, -1, $0.baseAddress, $0.count) }
+            } else {
+                _ = rd_kafka_header_add(hdrs, header.name, -1, nil, 0)
+            }
+        }
+        return topic.withCString { topicName in
+            value.withUnsafeBytes { valueBytes in
+                (key ?? []).withUnsafeBytes { keyBytes in
+                    var vus = [rd_kafka_vu_t](repeating: rd_kafka_vu_t(), count: 5)
+                    vus[0].vtype = RD_KAFKA_VTYPE_TOPIC
+                    vus[0].u.cstr = topicName
+                    vus[1].vtype = RD_KAFKA_VTYPE_VALUE
+                    vus[1].u.mem.ptr = UnsafeMutableRawPointer(mutating: valueBytes.baseAddress)
+                    vus[1].u.mem.size = valueBytes.count
+                    vus[2].vtype = RD_KAFKA_VTYPE_MSGFLAGS
+                    vus[2].u.i = RD_KAFKA_MSG_F_COPY
+                    vus[3].vtype = RD_KAFKA_VTYPE_OPAQUE
+                    vus[3].u.ptr = opaque
+                    vus[4].vtype = RD_KAFKA_VTYPE_HEADERS
+                    vus[4].u.headers = hdrs
+                    if key != nil {
+                        var k = rd_kafka_vu_t()
+                        k.vtype = RD_KAFKA_VTYPE_KEY
+                        k.u.mem.ptr = UnsafeMutableRawPointer(mutating: keyBytes.baseAddress)
+                        k.u.mem.size = keyBytes.count
+                        vus.append(k)
+                    }
+                    let error = vus.withUnsafeBufferPointer { rd_kafka_produceva(client.handle, $0.baseAddress, $0.count) }
+                    guard let error else { return RD_KAFKA_RESP_ERR_NO_ERROR }
+                    // On failure the headers are still ours.
+                    rd_kafka_headers_destroy(hdrs)
+                    let code = rd_kafka_error_code(error)
+                    rd_kafka_error_destroy(error)
+                    return code
+                }
+            }
+        }
+    }
+
+    /// Waits up to `timeout` seconds for outstanding deliveries, then stops the poll thread.
+    public func close(timeout: Double = 10) {
+        let err = rd_kafka_flush(client.handle, Int32(timeout * 1000))
+        if err != RD_KAFKA_RESP_ERR_NO_ERROR {
+            logger.warning("Kafka producer closed with messages undelivered", metadata: ["kafka.outstanding": "\(rd_kafka_outq_len(client.handle))"])
+        }
+        let wasRunning = loop.running.withLock { running -> Bool in
+            defer { running = false }
+            return running
+        }
+        if wasRunning { loop.stopped.wait() }
+    }
+}
+
+/// Whether the delivery-report thread should go on, and its exit.
+final class PollLoopState: Sendable {
+    let running = Mutex(true)
+    let stopped = DispatchSemaphore(value: 0)
+}
+
+/// Carries a `send` continuation through librdkafka's `msg_opaque`.
+final class DeliveryBox: Sendable {
+    let continuation: CheckedContinuation<Result<DeliveryReport, KafkaError>, Never>
+    init(_ continuation: CheckedContinuation<Result<DeliveryReport, KafkaError>, Never>) { self.continuation = continuation }
+}
+
+private let deliveryCallback: @convention(c) (OpaquePointer?, UnsafePointer<rd_kafka_message_t>?, UnsafeMutableRawPointer?) -> Void = {
+    _, message, _ in
+    guard let message, let opaque = message.pointee._private else { return }
+    let box = Unmanaged<DeliveryBox>.fromOpaque(opaque).takeRetainedValue()
+    let m = message.pointee
+    if m.err == RD_KAFKA_RESP_ERR_NO_ERROR {
+        box.continuation.resume(returning: .success(DeliveryReport(partition: m.partition, offset: m.offset)))
+    } else {
+        box.continuation.resume(returning: .failure(KafkaError(.delivery, "delivery failed: \(String(cString: rd_kafka_err2name(m.err))) (\(String(cString: rd_kafka_err2str(m.err))))")))
+    }
+}

@@ -1,0 +1,86 @@
+/// Which offsets of each assigned partition are in flight, and so how far the committed offset
+/// may move: up to the first message whose outcome is not yet durable. Messages of one partition
+/// finish out of order (different subjects run concurrently); the commit point only ever covers
+/// a contiguous run of finished ones.
+struct OffsetTracker: Sendable {
+    struct Partition: Sendable {
+        /// Offsets handed out, in increasing order, with whether each is done. `head` is the
+        /// first entry not yet dropped.
+        var offsets: [Int64] = []
+        var done: [Bool] = []
+        var head = 0
+        /// The offset after the last message handed out (the commit point when nothing is in flight).
+        var next: Int64?
+        /// The offset last committed (or sent for commit).
+        var committed: Int64?
+
+        /// The offset a commit may name: the first unfinished message, or the one after the last.
+        var committable: Int64? { head < offsets.count ? offsets[head] : next }
+
+        var inFlight: Int { offsets.count - head }
+
+        mutating func handedOut(_ offset: Int64) {
+            offsets.append(offset)
+            done.append(false)
+            next = offset + 1
+        }
+
+        mutating func finished(_ offset: Int64) {
+            // Binary search: offsets are increasing.
+            var low = head, high = offsets.count
+            while low < high {
+                let mid = (low + high) / 2
+                if offsets[mid] < offset { low = mid + 1 } else { high = mid }
+            }
+            guard low < offsets.count, offsets[low] == offset else { return }
+            done[low] = true
+            while head < offsets.count, done[head] { head += 1 }
+            if head > 1024, head * 2 > offsets.count {
+                offsets.removeFirst(head)
+                done.removeFirst(head)
+                head = 0
+            }
+        }
+    }
+
+    private(set) var partitions: [TopicPartition: Partition] = [:]
+
+    var inFlight: Int { partitions.values.reduce(0) { $0 + $1.inFlight } }
+
+    mutating func assigned(_ list: [TopicPartition]) {
+        for tp in list where partitions[tp] == nil { partitions[tp] = Partition() }
+    }
+
+    /// Forgets revoked partitions; a late `finished` for them is ignored.
+    mutating func revoked(_ list: [TopicPartition]) {
+        for tp in list { partitions[tp] = nil }
+    }
+
+    mutating func handedOut(_ tp: TopicPartition, offset: Int64) {
+        partitions[tp, default: Partition()].handedOut(offset)
+    }
+
+    mutating func finished(_ tp: TopicPartition, offset: Int64) {
+        partitions[tp]?.finished(offset)
+    }
+
+    /// Partitions whose commit point moved since the last commit, with the offset to commit;
+    /// marks them committed.
+    mutating func takeCommits(only: Set<TopicPartition>? = nil) -> [(TopicPartition, Int64)] {
+        var out: [(TopicPartition, Int64)] = []
+        for (tp, state) in partitions where only == nil || only!.contains(tp) {
+            guard let offset = state.committable, offset != state.committed else { continue }
+            out.append((tp, offset))
+            partitions[tp]!.committed = offset
+        }
+        return out
+    }
+
+    /// A commit of this partition failed: send its commit point again next round.
+    mutating func forgetCommitted(_ list: [TopicPartition]) {
+        for tp in list { partitions[tp]?.committed = nil }
+    }
+
+    /// Per partition: messages handed out but not yet finished.
+    var lag: [(TopicPartition, Int)] { partitions.map { ($0.key, $0.value.inFlight) } }
+}

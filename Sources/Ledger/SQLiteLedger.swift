@@ -1,0 +1,324 @@
+import Foundation
+internal import GRDB
+import Synchronization
+
+/// The ledger in one SQLite file (WAL mode, `synchronous=FULL`: a recorded outcome survives a
+/// crash of the process or the machine).
+///
+/// Writes from many concurrent callers are grouped: a writer thread takes whatever is queued
+/// and writes it in one transaction, each caller's part in a savepoint of its own, then answers
+/// every caller. One fsync then serves a whole batch.
+public final class SQLiteLedger: Ledger {
+    public let path: String
+    private let database: DatabaseQueue
+    private let writer: BatchWriter
+
+    public init(path: String) throws(LedgerError) {
+        self.path = path
+        var configuration = Configuration()
+        configuration.journalMode = .wal
+        configuration.busyMode = .timeout(10)
+        configuration.prepareDatabase { db in
+            try db.execute(sql: "PRAGMA synchronous = FULL")
+        }
+        // Several workers may open the same file at once: switching to WAL and migrating take
+        // the write lock, and a migration another worker commits first makes ours fail. Both
+        // are retried for a while; the retry finds the schema in place.
+        var attempt = 0
+        while true {
+            do {
+                let directory = URL(fileURLWithPath: path).deletingLastPathComponent().path
+                try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+                let opened = try DatabaseQueue(path: path, configuration: configuration)
+                try Self.migrator.migrate(opened)
+                database = opened
+                break
+            } catch is DatabaseError where attempt < 100 {
+                attempt += 1
+                usleep(100_000)
+            } catch {
+                throw LedgerError("cannot open the SQLite ledger at \(path): \(error)")
+            }
+        }
+        writer = BatchWriter(database: database)
+    }
+
+    /// Versioned schema migrations; each runs once, in order, in its own transaction.
+    static var migrator: DatabaseMigrator {
+        var migrator = DatabaseMigrator()
+        migrator.registerMigration("v1-events") { db in
+            try db.execute(sql: """
+                CREATE TABLE events (
+                    id INTEGER PRIMARY KEY,
+                    issuer TEXT NOT NULL,
+                    jti TEXT NOT NULL,
+                    token TEXT NOT NULL,
+                    source TEXT NOT NULL,
+                    event_types TEXT NOT NULL,
+                    subject TEXT,
+                    key_id TEXT NOT NULL,
+                    algorithm TEXT NOT NULL,
+                    key_thumbprint TEXT NOT NULL,
+                    issued_at REAL NOT NULL,
+                    received_at REAL NOT NULL,
+                    outcome TEXT NOT NULL,
+                    steps TEXT NOT NULL DEFAULT '[]',
+                    updated_at REAL NOT NULL,
+                    UNIQUE (issuer, jti)
+                );
+                CREATE TABLE deliveries (
+                    id INTEGER PRIMARY KEY,
+                    event_id INTEGER REFERENCES events(id),
+                    source TEXT NOT NULL,
+                    received_at REAL NOT NULL,
+                    verdict TEXT NOT NULL CHECK (verdict IN ('new', 'duplicate', 'invalid')),
+                    error_code TEXT,
+                    error_description TEXT,
+                    token BLOB
+                );
+                CREATE INDEX deliveries_event ON deliveries(event_id);
+                CREATE TABLE schema_info (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+                INSERT INTO schema_info VALUES ('format', 'warden-ledger');
+                """)
+        }
+        return migrator
+    }
+
+    public func claim(_ event: LedgerEvent) async throws(LedgerError) -> Claim {
+        try await writer.submit { db in
+            try db.execute(sql: """
+                INSERT INTO events (issuer, jti, token, source, event_types, subject, key_id, algorithm,
+                                    key_thumbprint, issued_at, received_at, outcome, updated_at)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'claimed', ?)
+                ON CONFLICT (issuer, jti) DO NOTHING
+                """, arguments: [event.issuer, event.jti, event.token, event.source, jsonArray(event.eventTypes),
+                                 event.subject, event.keyID, event.algorithm, event.keyThumbprint, event.issuedAt,
+                                 event.receivedAt, event.receivedAt])
+            let claim: Claim
+            if db.changesCount == 1 {
+                claim = .new(eventID: db.lastInsertedRowID)
+            } else {
+                let id = try Int64.fetchOne(db, sql: "SELECT id FROM events WHERE issuer = ? AND jti = ?",
+                                            arguments: [event.issuer, event.jti])!
+                claim = .duplicate(eventID: id)
+            }
+            let (verdict, id) = switch claim {
+            case .new(let id): ("new", id)
+            case .duplicate(let id): ("duplicate", id)
+            }
+            try db.execute(sql: "INSERT INTO deliveries (event_id, source, received_at, verdict) VALUES (?, ?, ?, ?)",
+                           arguments: [id, event.source, event.receivedAt, verdict])
+            return claim
+        }
+    }
+
+    public func record(outcome: EventOutcome, steps: [String], forEvent eventID: Int64) async throws(LedgerError) {
+        try await writer.submit { db in
+            try db.execute(sql: "UPDATE events SET outcome = ?, steps = ?, updated_at = ? WHERE id = ?",
+                           arguments: [outcome.rawValue, jsonArray(steps), Date().timeIntervalSince1970, eventID])
+            guard db.changesCount == 1 else { throw LedgerError("no event with id \(eventID) in the ledger") }
+        }
+    }
+
+    public func recordRejection(_ rejection: Rejection) async throws(LedgerError) {
+        try await writer.submit { db in
+            try db.execute(sql: """
+                INSERT INTO deliveries (event_id, source, received_at, verdict, error_code, error_description, token)
+                VALUES (NULL, ?, ?, 'invalid', ?, ?, ?)
+                """, arguments: [rejection.source, rejection.receivedAt, rejection.code, rejection.description,
+                                 Data(rejection.token)])
+        }
+    }
+
+    public func isReachable() async -> Bool {
+        (try? await writer.submit { db in try Int.fetchOne(db, sql: "SELECT 1") }) != nil
+    }
+
+    public func close() async {
+        await writer.close()
+    }
+
+    // MARK: - Reading (reports, tests)
+
+    /// Every event, oldest first.
+    public func events() throws(LedgerError) -> [StoredEvent] { try SQLiteLedgerReader.events(database) }
+
+    /// Every delivery (each message that reached the ledger), oldest first.
+    public func deliveries() throws(LedgerError) -> [StoredDelivery] { try SQLiteLedgerReader.deliveries(database) }
+}
+
+/// Reads a ledger file, possibly while a worker writes it.
+public struct SQLiteLedgerReader: Sendable {
+    private let database: DatabaseQueue
+
+    public init(path: String) throws(LedgerError) {
+        var configuration = Configuration()
+        configuration.readonly = true
+        configuration.busyMode = .timeout(10)
+        do {
+            database = try DatabaseQueue(path: path, configuration: configuration)
+        } catch {
+            throw LedgerError("cannot open the SQLite ledger at \(path): \(error)")
+        }
+    }
+
+    public func events() throws(LedgerError) -> [StoredEvent] { try Self.events(database) }
+    public func deliveries() throws(LedgerError) -> [StoredDelivery] { try Self.deliveries(database) }
+
+    static func events(_ database: DatabaseQueue) throws(LedgerError) -> [StoredEvent] {
+        do {
+            return try database.read { db in
+                try Row.fetchAll(db, sql: "SELECT id, issuer, jti, source, event_types, outcome, steps FROM events ORDER BY id").map {
+                    StoredEvent(id: $0["id"], issuer: $0["issuer"], jti: $0["jti"], source: $0["source"],
+                                eventTypes: $0["event_types"], outcome: $0["outcome"], steps: $0["steps"])
+                }
+            }
+        } catch {
+            throw LedgerError("cannot read the ledger: \(error)")
+        }
+    }
+
+    static func deliveries(_ database: DatabaseQueue) throws(LedgerError) -> [StoredDelivery] {
+        do {
+            return try database.read { db in
+                try Row.fetchAll(db, sql: "SELECT id, event_id, source, verdict, error_code, error_description FROM deliveries ORDER BY id").map {
+                    StoredDelivery(id: $0["id"], eventID: $0["event_id"], source: $0["source"], verdict: $0["verdict"],
+                                   errorCode: $0["error_code"], errorDescription: $0["error_description"])
+                }
+            }
+        } catch {
+            throw LedgerError("cannot read the ledger: \(error)")
+        }
+    }
+}
+
+public struct StoredEvent: Sendable, Equatable {
+    public var id: Int64
+    public var issuer: String
+    public var jti: String
+    public var source: String
+    /// JSON array text.
+    public var eventTypes: String
+    public var outcome: String
+    /// JSON array text.
+    public var steps: String
+}
+
+public struct StoredDelivery: Sendable, Equatable {
+    public var id: Int64
+    public var eventID: Int64?
+    public var source: String
+    public var verdict: String
+    public var errorCode: String?
+    public var errorDescription: String?
+}
+
+func jsonArray(_ items: [String]) -> String {
+    let data = (try? JSONSerialization.data(withJSONObject: items, options: [.withoutEscapingSlashes])) ?? Data("[]".utf8)
+    return String(decoding: data, as: UTF8.self)
+}
+
+/// Groups writes from concurrent callers into shared transactions, on a thread of its own.
+final class BatchWriter: Sendable {
+    /// One caller's write: runs inside the shared transaction, answers after it commits.
+    struct Job: Sendable {
+        let execute: @Sendable (Database) throws -> Void
+        let complete: @Sendable ((any Error)?) -> Void
+    }
+
+    private struct Queue {
+        var jobs: [Job] = []
+        var closed = false
+        var finished: CheckedContinuation<Void, Never>? = nil
+    }
+
+    private let database: DatabaseQueue
+    private let queue = Mutex(Queue())
+    private let wakeUp = DispatchSemaphore(value: 0)
+    private let exited = DispatchSemaphore(value: 0)
+
+    init(database: DatabaseQueue) {
+        self.database = database
+        let thread = Thread { [self] in self.loop() }
+        thread.name = "warden-ledger-writer"
+        thread.start()
+    }
+
+    func submit<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws(LedgerError) -> T {
+        let result: Result<T, LedgerError> = await withCheckedContinuation { continuation in
+            let box = ResultBox<T>()
+            let job = Job(execute: { db in box.set(try body(db)) }, complete: { error in
+                if let error {
+                    continuation.resume(returning: .failure(error as? LedgerError ?? LedgerError("ledger write failed: \(error)")))
+                } else {
+                    continuation.resume(returning: .success(box.take()))
+                }
+            })
+            let accepted = queue.withLock { q -> Bool in
+                guard !q.closed else { return false }
+                q.jobs.append(job)
+                return true
+            }
+            if accepted { wakeUp.signal() } else { continuation.resume(returning: .failure(LedgerError("the ledger is closed"))) }
+        }
+        return try result.get()
+    }
+
+    func close() async {
+        queue.withLock { $0.closed = true }
+        wakeUp.signal()
+        await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
+            DispatchQueue.global().async { [exited] in
+                exited.wait()
+                done.resume()
+            }
+        }
+    }
+
+    private func loop() {
+        while true {
+            wakeUp.wait()
+            let (batch, closed) = queue.withLock { q -> ([Job], Bool) in
+                let jobs = q.jobs
+                q.jobs = []
+                return (jobs, q.closed)
+            }
+            if !batch.isEmpty { run(batch) }
+            if closed, queue.withLock({ $0.jobs.isEmpty }) { break }
+        }
+        exited.signal()
+    }
+
+    private func run(_ batch: [Job]) {
+        var errors = [(any Error)?](repeating: nil, count: batch.count)
+        do {
+            try database.inTransaction(.immediate) { db in
+                for (i, job) in batch.enumerated() {
+                    do {
+                        try db.inSavepoint {
+                            try job.execute(db)
+                            return .commit
+                        }
+                    } catch {
+                        errors[i] = error
+                    }
+                }
+                return .commit
+            }
+        } catch {
+            for job in batch { job.complete(LedgerError("ledger transaction failed: \(error)")) }
+            return
+        }
+        for (job, error) in zip(batch, errors) { job.complete(error) }
+    }
+}
+
+/// Carries a job's result from the transaction to its caller.
+///
+/// `@unchecked Sendable`: written once by the writer thread inside the transaction and read once
+/// by the same thread when it completes the job, strictly after.
+final class ResultBox<T>: @unchecked Sendable {
+    private var value: T?
+    func set(_ v: T) { value = v }
+    func take() -> T { value! }
+}

@@ -1,0 +1,42 @@
+public import CoreMetrics
+import Synchronization
+
+/// The metrics operators' dashboards rely on, made from an injected factory (never the global
+/// one). Names follow DESIGN.md.
+public final class WardenMetrics: Sendable {
+    let factory: any MetricsFactory
+    private let counters = Mutex<[String: Counter]>([:])
+    private let gauges = Mutex<[String: Gauge]>([:])
+    let verifySeconds: Timer
+
+    public init(factory: any MetricsFactory) {
+        self.factory = factory
+        self.verifySeconds = Timer(label: "warden_verify_seconds", dimensions: [], factory: factory)
+    }
+
+    func counter(_ name: String, _ dimensions: [(String, String)] = []) -> Counter {
+        let key = name + dimensions.map { "|\($0.0)=\($0.1)" }.joined()
+        return counters.withLock { cache in
+            if let c = cache[key] { return c }
+            let c = Counter(label: name, dimensions: dimensions, factory: factory)
+            cache[key] = c
+            return c
+        }
+    }
+
+    func gauge(_ name: String, _ dimensions: [(String, String)]) -> Gauge {
+        let key = name + dimensions.map { "|\($0.0)=\($0.1)" }.joined()
+        return gauges.withLock { cache in
+            if let g = cache[key] { return g }
+            let g = Gauge(label: name, dimensions: dimensions, factory: factory)
+            cache[key] = g
+            return g
+        }
+    }
+
+    func received(source: String) { counter("warden_events_received_total", [("source", source)]).increment() }
+    func outcome(_ outcome: String) { counter("warden_events_total", [("outcome", outcome)]).increment() }
+    func verifyFailure(_ code: String) { counter("warden_verify_failures_total", [("err", code)]).increment() }
+    func deadLettered() { counter("warden_dead_letters_total").increment() }
+    func retried(_ reason: String) { counter("warden_retries_total", [("reason", reason)]).increment() }
+}

@@ -1,0 +1,155 @@
+public import ArgumentParser
+import AsyncHTTPClient
+import Foundation
+import Kafka
+import Ledger
+import Logging
+import Metrics
+import Pipeline
+import Prometheus
+import ServiceLifecycle
+import TokenVerification
+
+extension WardenCommand {
+    public struct Run: AsyncParsableCommand {
+        public static let configuration = CommandConfiguration(
+            abstract: "Runs the worker: consumes SETs from Kafka, verifies, de-duplicates and records them.",
+            discussion: """
+            Serves /healthz, /readyz and /metrics on http.listen (default 127.0.0.1:9464). \
+            With kafka.brokers: embedded, starts librdkafka's in-process mock cluster and prints its address. \
+            SIGTERM or SIGINT: stop fetching, finish in-flight events, commit, exit 0.
+            """
+        )
+
+        @Option(name: .long, help: "The configuration file (YAML).")
+        var config: String
+
+        public init() {}
+
+        public func run() async throws {
+            let configuration: WardenConfiguration
+            do {
+                configuration = try WardenConfiguration.load(path: config)
+                guard configuration.kafka != nil else { throw ConfigError(path: "kafka", "is required by warden run") }
+                guard configuration.ledger != nil else { throw ConfigError(path: "ledger", "is required by warden run (e.g. sqlite:///var/lib/warden/ledger.sqlite)") }
+            } catch {
+                FileHandle.standardError.write(Data("warden: \(error)\n".utf8))
+                throw ExitCode(VerifyExit.usage.rawValue)
+            }
+            JSONLogHandler.bootstrap()
+            let logger = Logger(label: "warden")
+            do {
+                try await Worker(configuration: configuration, logger: logger).run()
+            } catch let error as ConfigError {
+                logger.critical("configuration refused", metadata: ["warden.reason": "\(error)"])
+                throw ExitCode(VerifyExit.usage.rawValue)
+            } catch {
+                logger.critical("warden run stopped", metadata: ["warden.reason": "\(error)"])
+                throw ExitCode(1)
+            }
+        }
+    }
+}
+
+/// The worker's parts, wired into one service group.
+struct Worker {
+    let configuration: WardenConfiguration
+    let logger: Logger
+
+    func run() async throws {
+        let kafka = configuration.kafka!
+        guard case .sqlite(let ledgerPath) = configuration.ledger! else { return }
+
+        var cluster: EmbeddedKafkaCluster? = nil
+        var brokers = kafka.brokers
+        if kafka.isEmbedded {
+            let created = try EmbeddedKafkaCluster(
+                topics: [(kafka.topic, kafka.embeddedPartitions), (kafka.deadLetterTopic, kafka.embeddedPartitions)],
+                logger: logger)
+            brokers = created.bootstrapServers
+            cluster = created
+            announce("embedded Kafka cluster: \(brokers) (topic \(kafka.topic), \(kafka.embeddedPartitions) partitions; dead letters: \(kafka.deadLetterTopic))")
+        }
+        // The cluster lives as long as this function.
+        defer { withExtendedLifetime(cluster) {} }
+
+        let ledger = try SQLiteLedger(path: ledgerPath)
+        announce("ledger: sqlite \(ledgerPath)")
+        let client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: .init(redirectConfiguration: .disallow))
+        let verifier = configuration.makeVerifier(client: client, logger: logger)
+        let registry = PrometheusCollectorRegistry()
+        let metrics = WardenMetrics(factory: PrometheusMetricsFactory(registry: registry))
+
+        var properties = KafkaProperties(kafka.properties)
+        if kafka.isEmbedded, properties["session.timeout.ms"] == nil { properties["session.timeout.ms"] = "6000" }
+        let producer = try KafkaProducer(bootstrapServers: brokers, properties: properties, logger: logger)
+        let consumer = try KafkaConsumer(
+            configuration: .init(bootstrapServers: brokers, groupID: kafka.group, topics: [kafka.topic], properties: properties,
+                                 maximumInFlight: kafka.maximumInFlight, commitInterval: kafka.commitInterval),
+            logger: logger)
+        let processor = EventProcessor(verifier: verifier, ledger: ledger,
+                                       deadLetters: KafkaDeadLetters(producer: producer, topic: kafka.deadLetterTopic),
+                                       metrics: metrics, logger: logger, stop: StopSignal())
+        let intake = KafkaIntake(consumer: consumer, processor: processor, lanes: kafka.concurrency, metrics: metrics, logger: logger)
+
+        let issuers = verifier.configuredIssuers
+        let health = HealthServer(
+            host: configuration.http.host, port: configuration.http.port,
+            checks: [
+                .init("keys") { issuers.allSatisfy { $0.keys.currentSnapshot() != nil } },
+                .init("kafka") { consumer.hasJoinedGroup },
+                .init("ledger") { await ledger.isReachable() },
+            ],
+            metricsText: { registry.emitToBuffer() })
+        let http = health.service(logger: logger) { port in
+            announce("http: \(configuration.http.host):\(port) (/healthz, /readyz, /metrics)")
+        }
+
+        let group = ServiceGroup(configuration: .init(
+            services: [
+                // Shut down in reverse order: intake first, the ledger last.
+                .init(service: CloseOnShutdown { await ledger.close() }),
+                .init(service: CloseOnShutdown { producer.close() }),
+                .init(service: CloseOnShutdown { try? await client.shutdown() }),
+                .init(service: KeyPreload(issuers: issuers, logger: logger)),
+                .init(service: http),
+                .init(service: intake, successTerminationBehavior: .gracefullyShutdownGroup,
+                      failureTerminationBehavior: .gracefullyShutdownGroup),
+            ],
+            gracefulShutdownSignals: [.sigterm, .sigint],
+            logger: logger))
+        try await group.run()
+        logger.info("stopped")
+    }
+}
+
+/// Prints one line for people and scripts (the embedded cluster's address, the HTTP port).
+func announce(_ line: String) {
+    FileHandle.standardOutput.write(Data(("warden: " + line + "\n").utf8))
+}
+
+/// Runs `close` when the group shuts down.
+struct CloseOnShutdown: Service {
+    let close: @Sendable () async -> Void
+    init(_ close: @escaping @Sendable () async -> Void) { self.close = close }
+
+    func run() async throws {
+        try? await gracefulShutdown()
+        await close()
+    }
+}
+
+/// Loads every issuer's keys at start, so readiness reflects them before the first event.
+struct KeyPreload: Service {
+    let issuers: [SETVerifier.Issuer]
+    let logger: Logger
+
+    func run() async throws {
+        for issuer in issuers {
+            if case .unavailable(let reason) = await issuer.keys.keys() {
+                logger.warning("issuer keys not loaded yet", metadata: ["warden.iss": "\(issuer.policy.issuer)", "warden.reason": "\(reason)"])
+            }
+        }
+        try? await gracefulShutdown()
+    }
+}

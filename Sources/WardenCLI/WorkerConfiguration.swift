@@ -1,0 +1,105 @@
+import Foundation
+
+/// The `kafka:` section.
+public struct KafkaSettings: Sendable, Equatable {
+    /// `host:port,…`, or `embedded` for librdkafka's in-process mock cluster.
+    public var brokers: String
+    public var topic: String
+    public var group: String
+    public var deadLetterTopic: String
+    /// Passed through to librdkafka (`security.protocol`, `sasl.*`, `ssl.*`, `session.timeout.ms`, …).
+    public var properties: [String: String]
+    /// Partitions of the topics the embedded cluster creates. Default 4.
+    public var embeddedPartitions: Int
+    /// Lanes processing messages concurrently (one subject stays in one lane). Default 64.
+    public var concurrency: Int
+    /// Messages fetched but not finished before fetching pauses. Default 4096.
+    public var maximumInFlight: Int
+    /// Seconds between offset commits. Default 1.
+    public var commitInterval: Double
+
+    public var isEmbedded: Bool { brokers == "embedded" }
+
+    static let keys = ["brokers", "topic", "group", "dead-letter-topic", "properties", "embedded-partitions",
+                       "concurrency", "max-in-flight", "commit-interval"]
+
+    static func parse(_ r: ConfigReader) throws(ConfigError) -> KafkaSettings? {
+        guard r.isPresent else { return nil }
+        try r.requireOnly(keys)
+        var properties: [String: String] = [:]
+        let p = r.child("properties")
+        for name in try p.keys() {
+            guard let value = try p.child(name).string() else { throw p.child(name).error("needs a value") }
+            properties[name] = value
+        }
+        return KafkaSettings(
+            brokers: try r.child("brokers").requiredString(),
+            topic: try r.child("topic").string() ?? "security-events",
+            group: try r.child("group").string() ?? "warden",
+            deadLetterTopic: try r.child("dead-letter-topic").string() ?? "security-events.dlq",
+            properties: properties,
+            embeddedPartitions: try positiveInt(r.child("embedded-partitions")) ?? 4,
+            concurrency: try positiveInt(r.child("concurrency")) ?? 64,
+            maximumInFlight: try positiveInt(r.child("max-in-flight")) ?? 4096,
+            commitInterval: try WardenConfiguration.positive(r.child("commit-interval")) ?? 1)
+    }
+}
+
+/// The `http:` section: health, readiness and metrics.
+public struct HTTPSettings: Sendable, Equatable {
+    public var host: String
+    public var port: Int
+
+    public static let `default` = HTTPSettings(host: "127.0.0.1", port: 9464)
+
+    static func parse(_ r: ConfigReader) throws(ConfigError) -> HTTPSettings {
+        guard r.isPresent else { return .default }
+        try r.requireOnly(["listen"])
+        guard let listen = try r.child("listen").string() else { return .default }
+        guard let (host, port) = parseListen(listen) else {
+            throw r.child("listen").error("\"\(listen)\" is not host:port (e.g. 127.0.0.1:9464; port 0 picks a free one)")
+        }
+        return HTTPSettings(host: host, port: port)
+    }
+
+    static func parseListen(_ text: String) -> (String, Int)? {
+        guard let colon = text.lastIndex(of: ":"), let port = Int(text[text.index(after: colon)...]), (0...65535).contains(port) else {
+            return nil
+        }
+        var host = String(text[..<colon])
+        if host.hasPrefix("["), host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
+        return host.isEmpty ? nil : (host, port)
+    }
+}
+
+/// The `ledger:` URL.
+public enum LedgerLocation: Sendable, Equatable {
+    /// `sqlite:///absolute/path`, `sqlite:relative/path` (relative to the configuration file).
+    case sqlite(path: String)
+
+    static func parse(_ r: ConfigReader) throws(ConfigError) -> LedgerLocation {
+        guard let text = try r.string() else {
+            throw r.error("is required by warden run (e.g. sqlite:///var/lib/warden/ledger.sqlite)")
+        }
+        if text.hasPrefix("sqlite://") {
+            let path = String(text.dropFirst("sqlite://".count))
+            guard path.hasPrefix("/") else { throw r.error("\"\(text)\": use sqlite:///absolute/path or sqlite:relative/path") }
+            return .sqlite(path: path)
+        }
+        if text.hasPrefix("sqlite:") {
+            let path = String(text.dropFirst("sqlite:".count))
+            guard !path.isEmpty else { throw r.error("\"\(text)\" names no file") }
+            return .sqlite(path: path.hasPrefix("/") ? path : r.baseDirectory.appendingPathComponent(path).standardizedFileURL.path)
+        }
+        if text.hasPrefix("postgres://") || text.hasPrefix("postgresql://") {
+            throw r.error("the PostgreSQL ledger is not available in this version; use sqlite:")
+        }
+        throw r.error("\"\(text)\" is not a ledger URL (sqlite:///path or sqlite:relative/path)")
+    }
+}
+
+func positiveInt(_ r: ConfigReader) throws(ConfigError) -> Int? {
+    guard let text = try r.string() else { return nil }
+    guard let n = Int(text.trimmingCharacters(in: .whitespaces)), n > 0 else { throw r.error("\"\(text)\" is not a positive whole number") }
+    return n
+}

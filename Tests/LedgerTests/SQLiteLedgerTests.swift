@@ -1,0 +1,90 @@
+import Foundation
+import Ledger
+import Testing
+
+@Suite("SQLite ledger")
+struct SQLiteLedgerTests {
+    static func temporaryPath() -> String {
+        FileManager.default.temporaryDirectory.appendingPathComponent("warden-ledger-\(UUID().uuidString)/ledger.sqlite").path
+    }
+
+    static func event(jti: String, issuer: String = "https://issuer.example/", source: String = "kafka:t/0/1") -> LedgerEvent {
+        LedgerEvent(issuer: issuer, jti: jti, token: "h.p.s", source: source,
+                    eventTypes: ["https://schemas.openid.net/secevent/risc/event-type/sessions-revoked"],
+                    subject: #"{"format":"iss_sub","iss":"https://issuer.example/","sub":"1"}"#, keyID: "k1",
+                    algorithm: "RS256", keyThumbprint: "tp", issuedAt: 1_800_000_000, receivedAt: 1_800_000_001)
+    }
+
+    @Test func firstClaimIsNewThenDuplicate() async throws {
+        let ledger = try SQLiteLedger(path: Self.temporaryPath())
+        let first = try await ledger.claim(Self.event(jti: "a"))
+        guard case .new(let id) = first else { Issue.record("first claim was \(first)"); return }
+        #expect(try await ledger.claim(Self.event(jti: "a", source: "kafka:t/0/9")) == .duplicate(eventID: id))
+        // Same jti from another issuer is another event.
+        if case .duplicate = try await ledger.claim(Self.event(jti: "a", issuer: "https://other.example/")) {
+            Issue.record("a jti is unique per issuer, not globally")
+        }
+        try await ledger.record(outcome: .pending, steps: ["purge-set"], forEvent: id)
+        let events = try ledger.events()
+        #expect(events.count == 2)
+        #expect(events.first?.outcome == "pending")
+        #expect(events.first?.steps == #"["purge-set"]"#)
+        let deliveries = try ledger.deliveries()
+        #expect(deliveries.map(\.verdict) == ["new", "duplicate", "new"])
+        #expect(deliveries[1].source == "kafka:t/0/9")
+        await ledger.close()
+    }
+
+    @Test func concurrentClaimsOfOneJTIYieldExactlyOneNew() async throws {
+        let ledger = try SQLiteLedger(path: Self.temporaryPath())
+        let results = await withTaskGroup(of: Claim?.self) { group in
+            for i in 0..<64 {
+                group.addTask { try? await ledger.claim(Self.event(jti: "same", source: "kafka:t/0/\(i)")) }
+            }
+            var out: [Claim?] = []
+            for await r in group { out.append(r) }
+            return out
+        }
+        #expect(results.allSatisfy { $0 != nil })
+        #expect(results.filter { if case .new = $0 { true } else { false } }.count == 1)
+        #expect(try ledger.deliveries().count == 64)
+        await ledger.close()
+    }
+
+    @Test func rejectionsAreRecordedWithTheirError() async throws {
+        let ledger = try SQLiteLedger(path: Self.temporaryPath())
+        try await ledger.recordRejection(Rejection(token: Array("not-a-token".utf8), source: "kafka:t/1/3",
+                                                   code: "invalid_key", description: "bad signature", receivedAt: 1))
+        let deliveries = try ledger.deliveries()
+        #expect(deliveries.count == 1)
+        #expect(deliveries.first?.verdict == "invalid")
+        #expect(deliveries.first?.errorCode == "invalid_key")
+        #expect(deliveries.first?.eventID == nil)
+        await ledger.close()
+    }
+
+    @Test func recordingAnUnknownEventFails() async throws {
+        let ledger = try SQLiteLedger(path: Self.temporaryPath())
+        await #expect(throws: LedgerError.self) { try await ledger.record(outcome: .processed, steps: [], forEvent: 42) }
+        await ledger.close()
+    }
+
+    @Test func survivesReopeningAndMigratesOnce() async throws {
+        let path = Self.temporaryPath()
+        do {
+            let ledger = try SQLiteLedger(path: path)
+            _ = try await ledger.claim(Self.event(jti: "kept"))
+            await ledger.close()
+        }
+        let reopened = try SQLiteLedger(path: path)
+        #expect(try reopened.events().map(\.jti) == ["kept"])
+        if case .new = try await reopened.claim(Self.event(jti: "kept")) { Issue.record("a claim was lost across reopening") }
+        await reopened.close()
+    }
+
+    @Test func closedLedgerRefusesWrites() async throws {
+        let ledger = try SQLiteLedger(path: Self.temporaryPath())
+        await ledger.close()
+        await #expect(throws: LedgerError.self) { _ = try await ledger.claim(Self.event(jti: "late")) }
+    }
+}

@@ -1,0 +1,288 @@
+import Foundation
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+import Kafka
+import Ledger
+import Logging
+import SETMinting
+import SecurityEvents
+import Synchronization
+import Testing
+
+/// `warden run` as a user runs it: the built binary against librdkafka's mock cluster over TCP,
+/// fed by an independent client (python3-confluent-kafka), its ledger read back from disk.
+@Suite("warden run", .serialized, .timeLimit(.minutes(8)))
+struct WorkerTests {
+    static let issuer = "https://accounts.google.com/"
+    static let audience = "1234-abc.apps.googleusercontent.com"
+    static let rsa = try! SigningKey.rsa(keyID: "worker-rsa", algorithm: "RS256")
+    static let ec = SigningKey.ec(keyID: "worker-ec", algorithm: "ES256")
+    static let impostor = SigningKey.ec(keyID: "worker-ec", algorithm: "ES256")
+
+    static var quiet: Logger {
+        var logger = Logger(label: "worker-test")
+        logger.logLevel = .critical
+        return logger
+    }
+
+    /// A cluster, a folder with keys and a config, and the ledger path.
+    struct Setup {
+        let cluster: EmbeddedKafkaCluster
+        let directory: URL
+        let config: URL
+        var ledgerPath: String { directory.appendingPathComponent("ledger.sqlite").path }
+
+        init(partitions: Int = 4) throws {
+            cluster = try EmbeddedKafkaCluster(topics: [("security-events", partitions), ("security-events.dlq", 1)],
+                                               logger: WorkerTests.quiet)
+            directory = try Warden.temporaryDirectory()
+            try SETMinter.jwks([WorkerTests.rsa, WorkerTests.ec]).write(to: directory.appendingPathComponent("jwks.json"),
+                                                                       atomically: true, encoding: .utf8)
+            config = directory.appendingPathComponent("warden.yaml")
+            try """
+            issuers:
+              - issuer: \(WorkerTests.issuer)
+                jwks-file: jwks.json
+                audiences: [\(WorkerTests.audience)]
+                algorithms: [RS256, ES256]
+            kafka:
+              brokers: \(cluster.bootstrapServers)
+              topic: security-events
+              group: warden
+              dead-letter-topic: security-events.dlq
+              commit-interval: 200ms
+              properties:
+                session.timeout.ms: "6000"
+                heartbeat.interval.ms: "500"
+            http:
+              listen: 127.0.0.1:0
+            ledger: sqlite:ledger.sqlite
+            """.write(to: config, atomically: true, encoding: .utf8)
+        }
+
+        func cleanUp() { try? FileManager.default.removeItem(at: directory) }
+    }
+
+    static func token(jti: String = UUID().uuidString, subject: String, key: SigningKey = WorkerTests.ec) throws -> String {
+        try SETMinter.token(claims: SETMinter.riscClaims(issuer: issuer, audience: audience, subject: subject, jti: jti), key: key)
+    }
+
+    /// Produces `(key, value)` pairs with python3-confluent-kafka.
+    static func produce(_ brokers: String, _ messages: [(key: String, value: String)], topic: String = "security-events") throws {
+        let script = """
+        import sys
+        from confluent_kafka import Producer
+        p = Producer({'bootstrap.servers': sys.argv[1]})
+        failed = []
+        for line in sys.stdin:
+            key, value = line.rstrip('\\n').split('\\t', 1)
+            while True:
+                try:
+                    p.produce(sys.argv[2], value=value.encode(), key=key.encode(),
+                              headers={'content-type': 'application/secevent+jwt'},
+                              on_delivery=lambda err, msg: failed.append(err) if err else None)
+                    break
+                except BufferError:
+                    p.poll(0.1)
+            p.poll(0)
+        p.flush(30)
+        sys.exit(1 if failed else 0)
+        """
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
+        process.arguments = ["-c", script, brokers, topic]
+        let input = Pipe()
+        process.standardInput = input
+        try process.run()
+        input.fileHandleForWriting.write(Data(messages.map { "\($0.key)\t\($0.value)\n" }.joined().utf8))
+        try input.fileHandleForWriting.close()
+        process.waitUntilExit()
+        #expect(process.terminationStatus == 0, "the confluent-kafka producer failed")
+    }
+
+    /// Waits (polling the ledger file) until `condition` holds, up to `timeout` seconds.
+    static func waitFor(_ what: String, timeout: Double = 120, _ condition: () throws -> Bool) async throws {
+        let deadline = Date().addingTimeInterval(timeout)
+        while Date() < deadline {
+            if (try? condition()) == true { return }
+            try await Task.sleep(for: .milliseconds(200))
+        }
+        Issue.record("timed out waiting for \(what)")
+        throw CancellationError()
+    }
+
+    static func httpGet(_ port: Int, _ path: String) async throws -> (Int, String) {
+        let (data, response) = try await URLSession.shared.data(from: URL(string: "http://127.0.0.1:\(port)\(path)")!)
+        return ((response as! HTTPURLResponse).statusCode, String(decoding: data, as: UTF8.self))
+    }
+
+    @Test func recordsEachEventOnceDeadLettersInvalidOnesAndCommitsOnShutdown() async throws {
+        let setup = try Setup()
+        defer { setup.cleanUp() }
+        let worker = try WorkerProcess(config: setup.config)
+        let port = try await worker.httpPort()
+
+        var messages: [(key: String, value: String)] = []
+        for i in 0..<30 { messages.append(("user-\(i % 7)", try Self.token(subject: "user-\(i % 7)"))) }
+        messages.append(messages[3])  // the same SET delivered twice
+        let forged = try Self.token(subject: "user-1", key: Self.impostor)
+        messages.append(("user-1", forged))
+        try Self.produce(setup.cluster.bootstrapServers, messages)
+
+        try await Self.waitFor("32 deliveries in the ledger") { try SQLiteLedgerReader(path: setup.ledgerPath).deliveries().count >= 32 }
+        let ledger = try SQLiteLedgerReader(path: setup.ledgerPath)
+        let events = try ledger.events()
+        #expect(events.count == 30)
+        #expect(Set(events.map(\.jti)).count == 30)
+        #expect(events.allSatisfy { $0.outcome == "pending" && $0.source.hasPrefix("kafka:security-events/") })
+        let deliveries = try ledger.deliveries()
+        #expect(deliveries.filter { $0.verdict == "new" }.count == 30)
+        #expect(deliveries.filter { $0.verdict == "duplicate" }.count == 1)
+        let invalid = deliveries.filter { $0.verdict == "invalid" }
+        #expect(invalid.count == 1)
+        #expect(invalid.first?.errorCode == "invalid_key")
+
+        // The dead letter: the original value, with the error and where it came from.
+        let reader = try KafkaConsumer(configuration: .init(bootstrapServers: setup.cluster.bootstrapServers, groupID: "dlq-reader",
+                                                            topics: ["security-events.dlq"],
+                                                            properties: ["session.timeout.ms": "6000"]), logger: Self.quiet)
+        async let readerRun: Void = reader.run()
+        var deadLetters: [KafkaMessage] = []
+        for await message in reader.messages {
+            deadLetters.append(message)
+            break
+        }
+        reader.close()
+        try await readerRun
+        let letter = try #require(deadLetters.first)
+        #expect(letter.value == Array(forged.utf8))
+        #expect(letter.header("warden-error") == Array("invalid_key".utf8))
+        #expect(String(decoding: letter.header("warden-error-description") ?? [], as: UTF8.self).contains("signature"))
+        #expect(String(decoding: letter.header("warden-source") ?? [], as: UTF8.self).hasPrefix("security-events/"))
+
+        // Health, readiness and metrics.
+        #expect(try await Self.httpGet(port, "/healthz").0 == 200)
+        let ready = try await Self.httpGet(port, "/readyz")
+        #expect(ready.0 == 200, "\(ready.1)")
+        let metrics = try await Self.httpGet(port, "/metrics").1
+        #expect(metrics.contains(#"warden_events_total{outcome="duplicate"} 1"#))
+        #expect(metrics.contains(#"warden_events_total{outcome="pending"} 30"#))
+        #expect(metrics.contains(#"warden_events_received_total{source="kafka"} 32"#))
+        #expect(metrics.contains(#"warden_verify_failures_total{err="invalid_key"} 1"#))
+        #expect(metrics.contains("warden_dead_letters_total 1"))
+        #expect(metrics.contains("warden_verify_seconds_bucket"))
+
+        #expect(worker.terminate() == 0)
+        // Tokens never appear whole in the logs.
+        #expect(!worker.standardError.contains(forged))
+        #expect(!worker.standardError.contains(messages[0].value))
+
+        // Restarted, the worker resumes after the committed offsets: the 32 messages are not
+        // delivered again. One new message per partition shows it is consuming.
+        let restarted = try WorkerProcess(config: setup.config)
+        _ = try await restarted.httpPort()
+        var fresh: [(key: String, value: String)] = []
+        for i in 0..<8 { fresh.append(("later-\(i)", try Self.token(subject: "later-\(i)"))) }
+        try Self.produce(setup.cluster.bootstrapServers, fresh)
+        try await Self.waitFor("the new events") { try SQLiteLedgerReader(path: setup.ledgerPath).events().count == 38 }
+        #expect(restarted.terminate() == 0)
+        #expect(try SQLiteLedgerReader(path: setup.ledgerPath).deliveries().count == 40)
+    }
+
+    @Test func twoWorkersSurviveSIGKILLWithEveryEventRecordedOnce() async throws {
+        let setup = try Setup()
+        defer { setup.cleanUp() }
+        let total = 1200
+        var tokens: [(key: String, value: String)] = []
+        var jtis: [String] = []
+        for i in 0..<total {
+            let jti = "jti-\(i)"
+            jtis.append(jti)
+            tokens.append(("user-\(i % 50)", try Self.token(jti: jti, subject: "user-\(i % 50)")))
+        }
+        var a = try WorkerProcess(config: setup.config)
+        let b = try WorkerProcess(config: setup.config)
+        _ = try await a.httpPort()
+        _ = try await b.httpPort()
+
+        try Self.produce(setup.cluster.bootstrapServers, Array(tokens[0..<400]))
+        try await Self.waitFor("some events") { try SQLiteLedgerReader(path: setup.ledgerPath).events().count >= 100 }
+        a.kill()
+        try Self.produce(setup.cluster.bootstrapServers, Array(tokens[400..<800]))
+        a = try WorkerProcess(config: setup.config)
+        _ = try await a.httpPort()
+        try Self.produce(setup.cluster.bootstrapServers, Array(tokens[800...]))
+
+        try await Self.waitFor("every event", timeout: 240) { try SQLiteLedgerReader(path: setup.ledgerPath).events().count >= total }
+        #expect(a.terminate() == 0)
+        #expect(b.terminate() == 0)
+        let events = try SQLiteLedgerReader(path: setup.ledgerPath).events()
+        #expect(events.count == total)
+        #expect(Set(events.map(\.jti)) == Set(jtis))
+        let deliveries = try SQLiteLedgerReader(path: setup.ledgerPath).deliveries()
+        #expect(deliveries.filter { $0.verdict == "new" }.count == total)
+        #expect(deliveries.allSatisfy { $0.verdict != "invalid" })
+    }
+}
+
+/// A `warden run` child process.
+final class WorkerProcess: Sendable {
+    private let process: Process
+    /// What the process wrote, gathered by the pipes' handlers.
+    final class Captured: Sendable {
+        let text = Mutex("")
+        func append(_ data: Data) { text.withLock { $0 += String(decoding: data, as: UTF8.self) } }
+    }
+
+    private let output = Captured()
+    private let errors = Captured()
+
+    init(config: URL) throws {
+        let process = Process()
+        process.executableURL = Warden.executable
+        process.arguments = ["run", "--config", config.path]
+        var environment = ProcessInfo.processInfo.environment
+        environment["WARDEN_LOG_LEVEL"] = "info"
+        process.environment = environment
+        let out = Pipe(), err = Pipe()
+        process.standardOutput = out
+        process.standardError = err
+        out.fileHandleForReading.readabilityHandler = { [output] handle in output.append(handle.availableData) }
+        err.fileHandleForReading.readabilityHandler = { [errors] handle in errors.append(handle.availableData) }
+        try process.run()
+        self.process = process
+    }
+
+    var standardOutput: String { output.text.withLock { $0 } }
+    var standardError: String { errors.text.withLock { $0 } }
+
+    /// The HTTP port from the worker's `warden: http: host:port` line, once it is listening.
+    func httpPort() async throws -> Int {
+        for _ in 0..<600 {
+            for line in standardOutput.split(separator: "\n") where line.hasPrefix("warden: http: ") {
+                let address = line.dropFirst("warden: http: ".count).split(separator: " ")[0]
+                if let port = Int(address.split(separator: ":").last ?? "") { return port }
+            }
+            if !process.isRunning {
+                Issue.record("warden run exited with \(process.terminationStatus): \(standardError.suffix(2000))")
+                throw CancellationError()
+            }
+            try await Task.sleep(for: .milliseconds(100))
+        }
+        Issue.record("warden run did not start listening: \(standardError.suffix(2000))")
+        throw CancellationError()
+    }
+
+    /// SIGTERM, then the exit status.
+    func terminate() -> Int32 {
+        process.terminate()
+        process.waitUntilExit()
+        return process.terminationStatus
+    }
+
+    func kill() {
+        Foundation.kill(process.processIdentifier, SIGKILL)
+        process.waitUntilExit()
+    }
+}
