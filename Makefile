@@ -4,7 +4,7 @@ SWIFT ?= swift
 # Debian packages the build and the tests use.
 APT_PACKAGES := libssl-dev openssl python3-jsonschema librdkafka-dev libsqlite3-dev sqlite3 kcat python3-confluent-kafka
 
-.PHONY: deps build run test bench schemas clean
+.PHONY: deps build run test bench bench-pipeline schemas clean
 
 deps:
 	@missing=""; for p in $(APT_PACKAGES); do \
@@ -33,6 +33,12 @@ test: deps
 bench: deps
 	$(SWIFT) build -c release --product VerifyBenchmark
 	Benchmarks/verify-vs-openssl.sh $$($(SWIFT) build -c release --show-bin-path)/VerifyBenchmark 10
+
+# Release-built end-to-end benchmark: `warden run` over the embedded cluster and a SQLite ledger.
+bench-pipeline: deps
+	$(SWIFT) build -c release --product warden
+	$(SWIFT) build -c release --product PipelineBenchmark
+	Benchmarks/pipeline.sh $$($(SWIFT) build -c release --show-bin-path)
 
 clean:
 	rm -rf .build

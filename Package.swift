@@ -139,6 +139,13 @@ let package = Package(
             path: "Benchmarks/VerifyBenchmark",
             swiftSettings: strict
         ),
+        .executableTarget(
+            name: "PipelineBenchmark",
+            dependencies: ["TokenVerification", "SETMinting", "SecurityEvents", "Kafka", "Ledger",
+                           .product(name: "Logging", package: "swift-log")],
+            path: "Benchmarks/PipelineBenchmark",
+            swiftSettings: strict
+        ),
         .testTarget(
             name: "SecurityEventsTests",
             dependencies: ["SecurityEvents", "SETMinting"],

@@ -8,12 +8,6 @@ import SETMinting
 import SecurityEvents
 import TokenVerification
 
-struct NoFetch: KeyDocumentFetching {
-    func fetch(_ url: URL, timeout: Double, maximumBytes: Int) async throws -> FetchedDocument {
-        throw KeyFetchError("the benchmark uses pinned keys")
-    }
-}
-
 let arguments = CommandLine.arguments
 let seconds = arguments.count > 1 ? Double(arguments[1]) ?? 5 : 5
 // `openssl speed rsa2048`'s verify/s on this machine, measured by `make bench` just before.
@@ -27,7 +21,7 @@ var logger = Logger(label: "bench")
 logger.logLevel = .critical
 let policy = IssuerPolicy(issuer: issuer, keySource: .pinned(document: Array(jwks.utf8), origin: "bench"),
                           audiences: [audience], algorithms: [.rs256], profile: .risc)
-let cache = IssuerKeyCache(issuer: issuer, source: policy.keySource, settings: policy.keyCache, fetcher: NoFetch(),
+let cache = IssuerKeyCache(issuer: issuer, source: policy.keySource, settings: policy.keyCache, fetcher: OfflineKeyFetcher(reason: "the benchmark uses pinned keys"),
                            logger: logger)
 let verifier = SETVerifier(issuers: [.init(policy: policy, keys: cache)])
 

@@ -12,7 +12,9 @@ public final class EmbeddedKafkaCluster: Sendable {
     private let cluster: MockClusterPointer
 
     public init(brokers: Int = 1, topics: [(name: String, partitions: Int)], logger: Logger) throws(KafkaError) {
-        self.client = try KafkaClient(role: .producer, properties: [:], context: CallbackContext(logger: logger, consumer: nil))
+        // This handle only hosts the cluster: its own notices ("no bootstrap.servers") are noise.
+        self.client = try KafkaClient(role: .producer, properties: ["log_level": "4"],
+                                      context: CallbackContext(logger: logger, consumer: nil))
         guard let cluster = rd_kafka_mock_cluster_new(client.handle, Int32(brokers)) else {
             throw KafkaError(.client, "cannot start the embedded Kafka cluster")
         }

@@ -147,6 +147,7 @@ public final class KafkaConsumer: Sendable {
         let rk = client.handle
         var lastCommit = Date()
         var streamOpen = true
+        var blockedSince: Date? = nil
         while true {
             if let fatal = client.fatalError {
                 continuation.finish()
@@ -159,16 +160,31 @@ public final class KafkaConsumer: Sendable {
                 continuation.finish()
                 streamOpen = false
             }
-            adjustPause(stopFetching: control.stopFetching, paused: control.paused)
+            // Backpressure. A short wait does not poll (librdkafka keeps what it prefetched);
+            // only a long one pauses the partitions, which drops the prefetched messages but lets
+            // polling go on, so the member stays in its group.
+            let inFlight = state.tracker.withLock { $0.inFlight }
+            if control.stopFetching || inFlight >= state.maximumInFlight {
+                let since = blockedSince ?? Date()
+                blockedSince = since
+                if !control.paused, control.stopFetching || Date().timeIntervalSince(since) >= Self.pauseAfter {
+                    setPaused(true)
+                }
+                if !control.paused {
+                    usleep(1000)
+                    commitIfDue(&lastCommit)
+                    continue
+                }
+            } else {
+                blockedSince = nil
+                if control.paused, inFlight <= state.maximumInFlight / 2 { setPaused(false) }
+            }
 
             if let message = rd_kafka_consumer_poll(rk, 100) {
                 handle(message, deliver: streamOpen)
                 rd_kafka_message_destroy(message)
             }
-            if Date().timeIntervalSince(lastCommit) >= configuration.commitInterval {
-                commit(synchronously: false)
-                lastCommit = Date()
-            }
+            commitIfDue(&lastCommit)
         }
         if streamOpen { continuation.finish() }
         commit(synchronously: true)
@@ -180,14 +196,13 @@ public final class KafkaConsumer: Sendable {
         return nil
     }
 
-    private func adjustPause(stopFetching: Bool, paused: Bool) {
-        let inFlight = state.tracker.withLock { $0.inFlight }
-        let shouldPause = stopFetching || inFlight >= state.maximumInFlight
-        let shouldResume = !stopFetching && inFlight <= state.maximumInFlight / 2
-        if !paused, shouldPause {
-            setPaused(true)
-        } else if paused, shouldResume {
-            setPaused(false)
+    /// How long fetching may be blocked on in-flight work before the partitions are paused.
+    static let pauseAfter: Double = 5
+
+    private func commitIfDue(_ lastCommit: inout Date) {
+        if Date().timeIntervalSince(lastCommit) >= configuration.commitInterval {
+            commit(synchronously: false)
+            lastCommit = Date()
         }
     }
 

@@ -54,7 +54,9 @@ public struct KafkaProperties: Sendable, ExpressibleByDictionaryLiteral {
             if rd_kafka_conf_set(conf, name, value, &errstr, errstr.count) != RD_KAFKA_CONF_OK {
                 rd_kafka_conf_destroy(conf)
                 let reason = String(decoding: errstr.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
-                throw KafkaError(.configuration, "Kafka property \"\(name)\": \(reason)")
+                // librdkafka's message may quote the value; never repeat a secret's.
+                let secret = ["password", "secret", "key", "token", "jaas"].contains { name.lowercased().contains($0) }
+                throw KafkaError(.configuration, "Kafka property \"\(name)\": \(secret ? "the value was refused (not shown)" : reason)")
             }
         }
         return conf

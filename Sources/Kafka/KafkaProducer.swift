@@ -23,7 +23,7 @@ public final class KafkaProducer: Sendable {
             "enable.idempotence": "true",
             "linger.ms": "5",
         ]
-        for (name, value) in properties.values { p[name] = value }
+        for (name, value) in properties.values where !Self.isConsumerOnly(name) { p[name] = value }
         self.client = try KafkaClient(role: .producer, properties: p, context: CallbackContext(logger: logger, consumer: nil)) { conf in
             rd_kafka_conf_set_dr_msg_cb(conf, deliveryCallback)
         }
@@ -37,6 +37,15 @@ public final class KafkaProducer: Sendable {
         }
         thread.name = "warden-kafka-producer"
         thread.start()
+    }
+
+    /// Consumer properties in a shared `properties` map are left out of the producer's (librdkafka
+    /// would warn about each).
+    static func isConsumerOnly(_ name: String) -> Bool {
+        name.hasPrefix("group.") || name.hasPrefix("fetch.") || name.hasPrefix("auto.") || name.hasPrefix("enable.auto.")
+            || ["session.timeout.ms", "heartbeat.interval.ms", "partition.assignment.strategy", "max.poll.interval.ms",
+                "isolation.level", "enable.partition.eof", "check.crcs", "queued.min.messages", "queued.max.messages.kbytes",
+                "coordinator.query.interval.ms", "offset.store.method", "consume.callback.max.messages"].contains(name)
     }
 
     /// Sends one message and waits for its delivery report.

@@ -1,9 +1,11 @@
 /// Durable state of the pipeline: which (issuer, jti) pairs have been seen, what each event was,
 /// where it came from, and what became of it. One protocol, several back ends.
 public protocol Ledger: Sendable {
-    /// Records a verified event and tells, atomically, whether its (issuer, jti) is new. A
-    /// duplicate is recorded as a delivery of the event already known.
-    func claim(_ event: LedgerEvent) async throws(LedgerError) -> Claim
+    /// Records a verified event with its planned steps and tells, atomically, whether its
+    /// (issuer, jti) is new. The event's record holds its first delivery; a duplicate is recorded
+    /// as a further delivery of the event already known, and its plan is not touched. Claim and plan are one write, so no crash can leave an event
+    /// claimed without a plan.
+    func claim(_ event: LedgerEvent, outcome: EventOutcome, steps: [String]) async throws(LedgerError) -> Claim
     /// Records what became of a claimed event.
     func record(outcome: EventOutcome, steps: [String], forEvent eventID: Int64) async throws(LedgerError)
     /// Records a message that failed verification (it has no issuer or jti to trust).

@@ -71,7 +71,7 @@ public final class SQLiteLedger: Ledger {
                     event_id INTEGER REFERENCES events(id),
                     source TEXT NOT NULL,
                     received_at REAL NOT NULL,
-                    verdict TEXT NOT NULL CHECK (verdict IN ('new', 'duplicate', 'invalid')),
+                    verdict TEXT NOT NULL CHECK (verdict IN ('duplicate', 'invalid')),
                     error_code TEXT,
                     error_description TEXT,
                     token BLOB
@@ -84,49 +84,48 @@ public final class SQLiteLedger: Ledger {
         return migrator
     }
 
-    public func claim(_ event: LedgerEvent) async throws(LedgerError) -> Claim {
+    public func claim(_ event: LedgerEvent, outcome: EventOutcome, steps: [String]) async throws(LedgerError) -> Claim {
         try await writer.submit { db in
-            try db.execute(sql: """
+            try db.cachedStatement(sql: """
                 INSERT INTO events (issuer, jti, token, source, event_types, subject, key_id, algorithm,
-                                    key_thumbprint, issued_at, received_at, outcome, updated_at)
-                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'claimed', ?)
+                                    key_thumbprint, issued_at, received_at, outcome, steps, updated_at)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                 ON CONFLICT (issuer, jti) DO NOTHING
-                """, arguments: [event.issuer, event.jti, event.token, event.source, jsonArray(event.eventTypes),
-                                 event.subject, event.keyID, event.algorithm, event.keyThumbprint, event.issuedAt,
-                                 event.receivedAt, event.receivedAt])
+                """).execute(arguments: [event.issuer, event.jti, event.token, event.source, jsonArray(event.eventTypes),
+                                         event.subject, event.keyID, event.algorithm, event.keyThumbprint, event.issuedAt,
+                                         event.receivedAt, outcome.rawValue, jsonArray(steps), event.receivedAt])
             let claim: Claim
             if db.changesCount == 1 {
                 claim = .new(eventID: db.lastInsertedRowID)
             } else {
-                let id = try Int64.fetchOne(db, sql: "SELECT id FROM events WHERE issuer = ? AND jti = ?",
+                let id = try Int64.fetchOne(db.cachedStatement(sql: "SELECT id FROM events WHERE issuer = ? AND jti = ?"),
                                             arguments: [event.issuer, event.jti])!
                 claim = .duplicate(eventID: id)
             }
-            let (verdict, id) = switch claim {
-            case .new(let id): ("new", id)
-            case .duplicate(let id): ("duplicate", id)
+            // The event row records its first delivery; later ones are recorded as duplicates.
+            if case .duplicate(let id) = claim {
+                try db.cachedStatement(sql: "INSERT INTO deliveries (event_id, source, received_at, verdict) VALUES (?, ?, ?, 'duplicate')")
+                    .execute(arguments: [id, event.source, event.receivedAt])
             }
-            try db.execute(sql: "INSERT INTO deliveries (event_id, source, received_at, verdict) VALUES (?, ?, ?, ?)",
-                           arguments: [id, event.source, event.receivedAt, verdict])
             return claim
         }
     }
 
     public func record(outcome: EventOutcome, steps: [String], forEvent eventID: Int64) async throws(LedgerError) {
         try await writer.submit { db in
-            try db.execute(sql: "UPDATE events SET outcome = ?, steps = ?, updated_at = ? WHERE id = ?",
-                           arguments: [outcome.rawValue, jsonArray(steps), Date().timeIntervalSince1970, eventID])
+            try db.cachedStatement(sql: "UPDATE events SET outcome = ?, steps = ?, updated_at = ? WHERE id = ?")
+                .execute(arguments: [outcome.rawValue, jsonArray(steps), Date().timeIntervalSince1970, eventID])
             guard db.changesCount == 1 else { throw LedgerError("no event with id \(eventID) in the ledger") }
         }
     }
 
     public func recordRejection(_ rejection: Rejection) async throws(LedgerError) {
         try await writer.submit { db in
-            try db.execute(sql: """
+            try db.cachedStatement(sql: """
                 INSERT INTO deliveries (event_id, source, received_at, verdict, error_code, error_description, token)
                 VALUES (NULL, ?, ?, 'invalid', ?, ?, ?)
-                """, arguments: [rejection.source, rejection.receivedAt, rejection.code, rejection.description,
-                                 Data(rejection.token)])
+                """).execute(arguments: [rejection.source, rejection.receivedAt, rejection.code, rejection.description,
+                                         Data(rejection.token)])
         }
     }
 
@@ -163,6 +162,16 @@ public struct SQLiteLedgerReader: Sendable {
     }
 
     public func events() throws(LedgerError) -> [StoredEvent] { try Self.events(database) }
+
+    /// How many events the ledger holds.
+    public func eventCount() throws(LedgerError) -> Int {
+        do {
+            return try database.read { db in try Int.fetchOne(db, sql: "SELECT count(*) FROM events") ?? 0 }
+        } catch {
+            throw LedgerError("cannot read the ledger: \(error)")
+        }
+    }
+
     public func deliveries() throws(LedgerError) -> [StoredDelivery] { try Self.deliveries(database) }
 
     static func events(_ database: DatabaseQueue) throws(LedgerError) -> [StoredEvent] {
@@ -213,9 +222,23 @@ public struct StoredDelivery: Sendable, Equatable {
     public var errorDescription: String?
 }
 
+/// A JSON array of strings (event type URIs, step names).
 func jsonArray(_ items: [String]) -> String {
-    let data = (try? JSONSerialization.data(withJSONObject: items, options: [.withoutEscapingSlashes])) ?? Data("[]".utf8)
-    return String(decoding: data, as: UTF8.self)
+    var out = "["
+    for (i, item) in items.enumerated() {
+        if i > 0 { out += "," }
+        out += "\""
+        for scalar in item.unicodeScalars {
+            switch scalar {
+            case "\"": out += "\\\""
+            case "\\": out += "\\\\"
+            case _ where scalar.value < 0x20: out += String(format: "\\u%04x", scalar.value)
+            default: out.unicodeScalars.append(scalar)
+            }
+        }
+        out += "\""
+    }
+    return out + "]"
 }
 
 /// Groups writes from concurrent callers into shared transactions, on a thread of its own.
@@ -289,27 +312,32 @@ final class BatchWriter: Sendable {
         exited.signal()
     }
 
+    /// One transaction for the whole batch. If it fails (a job threw, or SQLite did), each job
+    /// runs again in a transaction of its own, so one bad write cannot fail the others.
     private func run(_ batch: [Job]) {
-        var errors = [(any Error)?](repeating: nil, count: batch.count)
         do {
             try database.inTransaction(.immediate) { db in
-                for (i, job) in batch.enumerated() {
-                    do {
-                        try db.inSavepoint {
-                            try job.execute(db)
-                            return .commit
-                        }
-                    } catch {
-                        errors[i] = error
-                    }
-                }
+                for job in batch { try job.execute(db) }
                 return .commit
             }
+            for job in batch { job.complete(nil) }
         } catch {
-            for job in batch { job.complete(LedgerError("ledger transaction failed: \(error)")) }
-            return
+            guard batch.count > 1 else {
+                batch[0].complete(error)
+                return
+            }
+            for job in batch {
+                do {
+                    try database.inTransaction(.immediate) { db in
+                        try job.execute(db)
+                        return .commit
+                    }
+                    job.complete(nil)
+                } catch {
+                    job.complete(error)
+                }
+            }
         }
-        for (job, error) in zip(batch, errors) { job.complete(error) }
     }
 }
 

@@ -83,7 +83,9 @@ public struct EventProcessor: Sendable {
         var attempt = 0
         while true {
             let started = ContinuousClock.now
-            let result = await verifier.verify(message.value)
+            // Whitespace around a compact JWS (a trailing newline from a file or a shell) is not
+            // part of it; the dead letter and the ledger keep the value as received.
+            let result = await verifier.verify(trimmedASCIIWhitespace(message.value))
             let elapsed = (ContinuousClock.now - started).components
             metrics.verifySeconds.recordNanoseconds(elapsed.seconds * 1_000_000_000 + elapsed.attoseconds / 1_000_000_000)
             switch result {
@@ -105,11 +107,15 @@ public struct EventProcessor: Sendable {
     private func record(_ verified: VerifiedSET, _ message: IntakeMessage) async -> Disposition {
         let token = verified.token
         let event = LedgerEvent(
-            issuer: token.issuer, jti: token.jti, token: String(decoding: message.value, as: UTF8.self), source: message.source,
+            issuer: token.issuer, jti: token.jti, token: String(decoding: trimmedASCIIWhitespace(message.value), as: UTF8.self),
+            source: message.source,
             eventTypes: token.events.map(\.type.uri), subject: token.primarySubject.map { $0.json.jsonText },
             keyID: verified.header.keyID, algorithm: verified.header.algorithm.rawValue, keyThumbprint: verified.keyThumbprint,
             issuedAt: token.issuedAt, receivedAt: message.receivedAt)
-        guard let claim = await retrying("claim", { try await ledger.claim(event) }) else {
+        // Until the invalidation engine plans steps, a verified event waits as pending.
+        let outcome: EventOutcome = .pending
+        let steps: [String] = []
+        guard let claim = await retrying("claim", { try await ledger.claim(event, outcome: outcome, steps: steps) }) else {
             return .abandoned
         }
         switch claim {
@@ -118,13 +124,6 @@ public struct EventProcessor: Sendable {
             logger.info("duplicate event", metadata: metadata(token, message, eventID: id))
             return .duplicate(eventID: id)
         case .new(let id):
-            // Until the invalidation engine plans steps, a verified event waits as pending.
-            let outcome: EventOutcome = .pending
-            let steps: [String] = []
-            guard await retrying("record", { () async throws -> Bool in
-                try await ledger.record(outcome: outcome, steps: steps, forEvent: id)
-                return true
-            }) != nil else { return .abandoned }
             metrics.outcome(outcome.rawValue)
             logger.info("event recorded", metadata: metadata(token, message, eventID: id).merging(["warden.outcome": "\(outcome.rawValue)"]) { $1 })
             return .recorded(eventID: id, outcome: outcome)
@@ -180,6 +179,14 @@ public struct EventProcessor: Sendable {
             "warden.events": "\(token.events.map(\.type.name).joined(separator: ","))", "warden.event_id": "\(eventID)",
         ]
     }
+}
+
+func trimmedASCIIWhitespace(_ bytes: [UInt8]) -> ArraySlice<UInt8> {
+    let isSpace: (UInt8) -> Bool = { $0 == 0x20 || $0 == 0x09 || $0 == 0x0A || $0 == 0x0D }
+    guard let start = bytes.firstIndex(where: { !isSpace($0) }), let end = bytes.lastIndex(where: { !isSpace($0) }) else {
+        return []
+    }
+    return bytes[start...end]
 }
 
 /// Tokens never appear whole in logs: a short digest identifies one.

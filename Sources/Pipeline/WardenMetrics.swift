@@ -8,10 +8,19 @@ public final class WardenMetrics: Sendable {
     private let counters = Mutex<[String: Counter]>([:])
     private let gauges = Mutex<[String: Gauge]>([:])
     let verifySeconds: Timer
+    // The per-event ones, made once.
+    private let receivedFromKafka: Counter
+    private let outcomes: [String: Counter]
+    private let deadLetters: Counter
 
     public init(factory: any MetricsFactory) {
         self.factory = factory
         self.verifySeconds = Timer(label: "warden_verify_seconds", dimensions: [], factory: factory)
+        self.receivedFromKafka = Counter(label: "warden_events_received_total", dimensions: [("source", "kafka")], factory: factory)
+        self.outcomes = Dictionary(uniqueKeysWithValues: ["pending", "processed", "duplicate", "invalid", "failed"].map {
+            ($0, Counter(label: "warden_events_total", dimensions: [("outcome", $0)], factory: factory))
+        })
+        self.deadLetters = Counter(label: "warden_dead_letters_total", dimensions: [], factory: factory)
     }
 
     func counter(_ name: String, _ dimensions: [(String, String)] = []) -> Counter {
@@ -34,9 +43,11 @@ public final class WardenMetrics: Sendable {
         }
     }
 
-    func received(source: String) { counter("warden_events_received_total", [("source", source)]).increment() }
-    func outcome(_ outcome: String) { counter("warden_events_total", [("outcome", outcome)]).increment() }
+    func received(source: String) {
+        (source == "kafka" ? receivedFromKafka : counter("warden_events_received_total", [("source", source)])).increment()
+    }
+    func outcome(_ outcome: String) { (outcomes[outcome] ?? counter("warden_events_total", [("outcome", outcome)])).increment() }
     func verifyFailure(_ code: String) { counter("warden_verify_failures_total", [("err", code)]).increment() }
-    func deadLettered() { counter("warden_dead_letters_total").increment() }
+    func deadLettered() { deadLetters.increment() }
     func retried(_ reason: String) { counter("warden_retries_total", [("reason", reason)]).increment() }
 }

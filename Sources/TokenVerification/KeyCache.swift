@@ -29,6 +29,15 @@ public struct KeyFetchError: Error, Sendable, CustomStringConvertible {
 }
 
 /// Fetches over async-http-client: no redirects followed, a deadline per request, a size cap.
+/// Refuses every fetch: for key caches whose keys are pinned (tests, benchmarks, air-gapped use).
+public struct OfflineKeyFetcher: KeyDocumentFetching {
+    let reason: String
+    public init(reason: String = "key fetching is disabled") { self.reason = reason }
+    public func fetch(_ url: URL, timeout: Double, maximumBytes: Int) async throws -> FetchedDocument {
+        throw KeyFetchError(reason)
+    }
+}
+
 public struct HTTPKeyFetcher: KeyDocumentFetching {
     let client: HTTPClient
 

@@ -11,6 +11,8 @@ public struct JSONLogHandler: LogHandler {
     let label: String
 
     private static let output = Mutex(FileHandle.standardError)
+    /// UTC, with milliseconds: `2026-11-22T00:54:55.963Z`.
+    private static let timestamp = Date.ISO8601FormatStyle(includingFractionalSeconds: true)
 
     public init(label: String) { self.label = label }
 
@@ -21,7 +23,7 @@ public struct JSONLogHandler: LogHandler {
 
     public func log(event: LogEvent) {
         var object = JSONObject()
-        object["ts"] = .string(Date().formatted(.iso8601.year().month().day().time(includingFractionalSeconds: true)))
+        object["ts"] = .string(Date().formatted(Self.timestamp))
         object["level"] = .string(event.level.rawValue)
         object["label"] = .string(label)
         object["msg"] = .string(event.message.description)

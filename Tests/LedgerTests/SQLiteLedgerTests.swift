@@ -17,21 +17,27 @@ struct SQLiteLedgerTests {
 
     @Test func firstClaimIsNewThenDuplicate() async throws {
         let ledger = try SQLiteLedger(path: Self.temporaryPath())
-        let first = try await ledger.claim(Self.event(jti: "a"))
+        let first = try await ledger.claim(Self.event(jti: "a"), outcome: .pending, steps: ["purge-set"])
         guard case .new(let id) = first else { Issue.record("first claim was \(first)"); return }
-        #expect(try await ledger.claim(Self.event(jti: "a", source: "kafka:t/0/9")) == .duplicate(eventID: id))
+        #expect(try await ledger.claim(Self.event(jti: "a", source: "kafka:t/0/9"), outcome: .pending, steps: []) == .duplicate(eventID: id))
         // Same jti from another issuer is another event.
-        if case .duplicate = try await ledger.claim(Self.event(jti: "a", issuer: "https://other.example/")) {
+        if case .duplicate = try await ledger.claim(Self.event(jti: "a", issuer: "https://other.example/"), outcome: .pending, steps: []) {
             Issue.record("a jti is unique per issuer, not globally")
         }
-        try await ledger.record(outcome: .pending, steps: ["purge-set"], forEvent: id)
-        let events = try ledger.events()
+        // The duplicate claim did not touch the plan.
+        var events = try ledger.events()
         #expect(events.count == 2)
         #expect(events.first?.outcome == "pending")
         #expect(events.first?.steps == #"["purge-set"]"#)
+        try await ledger.record(outcome: .processed, steps: ["purge-set"], forEvent: id)
+        events = try ledger.events()
+        #expect(events.first?.outcome == "processed")
         let deliveries = try ledger.deliveries()
-        #expect(deliveries.map(\.verdict) == ["new", "duplicate", "new"])
-        #expect(deliveries[1].source == "kafka:t/0/9")
+        // The event row is the first delivery; later ones are recorded as duplicates.
+        #expect(deliveries.map(\.verdict) == ["duplicate"])
+        #expect(deliveries.first?.source == "kafka:t/0/9")
+        #expect(deliveries.first?.eventID == id)
+        #expect(events.first?.source == "kafka:t/0/1")
         await ledger.close()
     }
 
@@ -39,7 +45,7 @@ struct SQLiteLedgerTests {
         let ledger = try SQLiteLedger(path: Self.temporaryPath())
         let results = await withTaskGroup(of: Claim?.self) { group in
             for i in 0..<64 {
-                group.addTask { try? await ledger.claim(Self.event(jti: "same", source: "kafka:t/0/\(i)")) }
+                group.addTask { try? await ledger.claim(Self.event(jti: "same", source: "kafka:t/0/\(i)"), outcome: .pending, steps: []) }
             }
             var out: [Claim?] = []
             for await r in group { out.append(r) }
@@ -47,7 +53,8 @@ struct SQLiteLedgerTests {
         }
         #expect(results.allSatisfy { $0 != nil })
         #expect(results.filter { if case .new = $0 { true } else { false } }.count == 1)
-        #expect(try ledger.deliveries().count == 64)
+        #expect(try ledger.deliveries().count == 63)
+        #expect(try ledger.events().count == 1)
         await ledger.close()
     }
 
@@ -73,18 +80,18 @@ struct SQLiteLedgerTests {
         let path = Self.temporaryPath()
         do {
             let ledger = try SQLiteLedger(path: path)
-            _ = try await ledger.claim(Self.event(jti: "kept"))
+            _ = try await ledger.claim(Self.event(jti: "kept"), outcome: .pending, steps: [])
             await ledger.close()
         }
         let reopened = try SQLiteLedger(path: path)
         #expect(try reopened.events().map(\.jti) == ["kept"])
-        if case .new = try await reopened.claim(Self.event(jti: "kept")) { Issue.record("a claim was lost across reopening") }
+        if case .new = try await reopened.claim(Self.event(jti: "kept"), outcome: .pending, steps: []) { Issue.record("a claim was lost across reopening") }
         await reopened.close()
     }
 
     @Test func closedLedgerRefusesWrites() async throws {
         let ledger = try SQLiteLedger(path: Self.temporaryPath())
         await ledger.close()
-        await #expect(throws: LedgerError.self) { _ = try await ledger.claim(Self.event(jti: "late")) }
+        await #expect(throws: LedgerError.self) { _ = try await ledger.claim(Self.event(jti: "late"), outcome: .pending, steps: []) }
     }
 }

@@ -119,7 +119,7 @@ struct AlgorithmTests {
         let policy = IssuerPolicy(issuer: Fixture.issuer, keySource: .pinned(document: Array(jwks.utf8), origin: "test"),
                                   audiences: [Fixture.audience], algorithms: [.rs256])
         let cache = IssuerKeyCache(issuer: Fixture.issuer, source: policy.keySource, settings: policy.keyCache,
-                                   fetcher: NoFetch(), clock: clock.wall, logger: Fixture.quietLogger)
+                                   fetcher: OfflineKeyFetcher(reason: "no network in this test"), clock: clock.wall, logger: Fixture.quietLogger)
         let verifier = SETVerifier(issuers: [.init(policy: policy, keys: cache)], clock: clock.wall)
 
         let input = Base64URL.encode(#"{"alg":"RS256","kid":"other-e"}"#) + "."

@@ -25,12 +25,6 @@ enum Keys {
     static let rsa3072 = try! SigningKey.rsa(keyID: "rsa-3072", algorithm: "RS256", bits: 3072)
 }
 
-struct NoFetch: KeyDocumentFetching {
-    func fetch(_ url: URL, timeout: Double, maximumBytes: Int) async throws -> FetchedDocument {
-        throw KeyFetchError("no network in this test")
-    }
-}
-
 enum Fixture {
     static let issuer = "https://accounts.google.com/"
     static let audience = "1234-abc.apps.googleusercontent.com"
@@ -50,7 +44,7 @@ enum Fixture {
         let policy = IssuerPolicy(issuer: issuer, keySource: .pinned(document: Array(jwks.utf8), origin: "test"),
                                   audiences: audiences, algorithms: algorithms, profile: profile, maximumAge: maximumAge)
         let cache = IssuerKeyCache(issuer: issuer, source: policy.keySource, settings: policy.keyCache,
-                                   fetcher: NoFetch(), clock: clock.wall, logger: quietLogger)
+                                   fetcher: OfflineKeyFetcher(reason: "no network in this test"), clock: clock.wall, logger: quietLogger)
         return SETVerifier(issuers: [.init(policy: policy, keys: cache)], maximumTokenBytes: maximumTokenBytes,
                            clock: clock.wall)
     }

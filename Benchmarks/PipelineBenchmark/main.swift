@@ -1,0 +1,190 @@
+// End-to-end SETs per second through `warden run` (release build): Kafka (the embedded mock
+// cluster, over TCP) → verify (RS256) → ledger claim and record (SQLite) → offset commit, with
+// no actions beyond recording. Beside it: verification alone on one core, and the machine's
+// two-core RSA verify limit from `openssl speed -multi 2 rsa2048` (passed in by the script).
+// Run: `make bench-pipeline`.
+// Arguments: [tokens] [two-core openssl verify/s].
+import Foundation
+import Kafka
+import Ledger
+import Logging
+import SETMinting
+import SecurityEvents
+import TokenVerification
+
+let arguments = CommandLine.arguments
+let count = arguments.count > 1 ? Int(arguments[1]) ?? 64_000 : 64_000
+let limit = arguments.count > 2 ? Double(arguments[2]) : nil
+// The mock cluster keeps ~5 MiB per partition: 16 partitions hold 64k tokens of ~830 bytes.
+let partitions = max(16, count / 4000)
+let issuer = "https://accounts.google.com/"
+let audience = "1234-abc.apps.googleusercontent.com"
+let logger: Logger = {
+    var logger = Logger(label: "bench")
+    logger.logLevel = .critical
+    return logger
+}()
+
+// Tokens: each with its own jti, 5,000 subjects, signed on both cores.
+let key = try SigningKey.rsa(keyID: "bench-key", algorithm: "RS256", bits: 2048)
+let signingStarted = Date()
+final class TokenStore: @unchecked Sendable {
+    // `@unchecked Sendable`: each index is written by exactly one concurrentPerform iteration.
+    var lines = [String](repeating: "", count: count)
+}
+let store = TokenStore()
+DispatchQueue.concurrentPerform(iterations: 2) { worker in
+    for i in stride(from: worker, to: count, by: 2) {
+        let subject = "user-\(i % 5000)"
+        let claims = SETMinter.riscClaims(issuer: issuer, audience: audience, event: .sessionsRevoked, subject: subject,
+                                          jti: "bench-\(i)")
+        store.lines[i] = subject + "\t" + (try! SETMinter.token(claims: claims, key: key))
+    }
+}
+print("minted \(count) RS256 SETs in \(String(format: "%.0f", Date().timeIntervalSince(signingStarted))) s")
+
+// Verification alone, one core, on these tokens.
+let jwks = SETMinter.jwks([key])
+let policy = IssuerPolicy(issuer: issuer, keySource: .pinned(document: Array(jwks.utf8), origin: "bench"),
+                          audiences: [audience], algorithms: [.rs256], profile: .risc)
+let cache = IssuerKeyCache(issuer: issuer, source: policy.keySource, settings: policy.keyCache, fetcher: OfflineKeyFetcher(reason: "the benchmark uses pinned keys"), logger: logger)
+let verifier = SETVerifier(issuers: [.init(policy: policy, keys: cache)])
+let sample = store.lines.prefix(2000).map { Array($0.split(separator: "\t")[1].utf8) }
+nonisolated func verifyOnly(seconds: Double) async -> Double {
+    var n = 0
+    let start = Date()
+    while Date().timeIntervalSince(start) < seconds {
+        for token in sample {
+            guard case .success = await verifier.verify(token) else { fatalError("a benchmark token did not verify") }
+            n += 1
+        }
+    }
+    return Double(n) / Date().timeIntervalSince(start)
+}
+let verifyRate = await verifyOnly(seconds: 3)
+
+// The ledger alone: claim and record, from as many concurrent callers as the worker has lanes.
+nonisolated func ledgerOnly(events: Int, callers: Int) async throws -> Double {
+    let path = FileManager.default.temporaryDirectory.appendingPathComponent("warden-bench-ledger-\(UUID().uuidString).sqlite").path
+    let ledger = try SQLiteLedger(path: path)
+    let token = String(store.lines[0].split(separator: "\t")[1])
+    let start = Date()
+    try await withThrowingTaskGroup(of: Void.self) { group in
+        for c in 0..<callers {
+            group.addTask {
+                for i in stride(from: c, to: events, by: callers) {
+                    let event = LedgerEvent(issuer: issuer, jti: "ledger-\(i)", token: token, source: "kafka:t/0/\(i)",
+                                            eventTypes: [EventType.sessionsRevoked.uri], subject: #"{"format":"opaque","id":"x"}"#,
+                                            keyID: "bench-key", algorithm: "RS256", keyThumbprint: "tp",
+                                            issuedAt: 1_800_000_000, receivedAt: 1_800_000_000)
+                    guard case .new = try await ledger.claim(event, outcome: .pending, steps: []) else {
+                        fatalError("duplicate in the ledger benchmark")
+                    }
+                }
+            }
+        }
+        try await group.waitForAll()
+    }
+    let rate = Double(events) / Date().timeIntervalSince(start)
+    await ledger.close()
+    try? FileManager.default.removeItem(atPath: path)
+    return rate
+}
+let ledgerRate = try await ledgerOnly(events: 20_000, callers: 64)
+print("ledger alone (claim with plan, 64 concurrent callers): \(Int(ledgerRate)) events/s")
+
+// The cluster and the worker's configuration.
+let cluster = try EmbeddedKafkaCluster(topics: [("security-events", partitions), ("security-events.dlq", 1)], logger: logger)
+let directory = FileManager.default.temporaryDirectory.appendingPathComponent("warden-bench-\(UUID().uuidString)")
+try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+defer { try? FileManager.default.removeItem(at: directory) }
+try jwks.write(to: directory.appendingPathComponent("jwks.json"), atomically: true, encoding: .utf8)
+let tokensFile = directory.appendingPathComponent("tokens.tsv")
+try (store.lines.joined(separator: "\n") + "\n").write(to: tokensFile, atomically: true, encoding: .utf8)
+let config = directory.appendingPathComponent("warden.yaml")
+try """
+issuers:
+  - issuer: \(issuer)
+    jwks-file: jwks.json
+    audiences: [\(audience)]
+kafka:
+  brokers: \(cluster.bootstrapServers)
+  topic: security-events
+  group: bench
+  properties: {session.timeout.ms: "6000"}
+http: {listen: "127.0.0.1:0"}
+ledger: sqlite:ledger.sqlite
+""".write(to: config, atomically: true, encoding: .utf8)
+
+// Produce everything first with kcat (an independent client), keyed by subject.
+let kcat = Process()
+kcat.executableURL = URL(fileURLWithPath: "/usr/bin/kcat")
+kcat.arguments = ["-P", "-b", cluster.bootstrapServers, "-t", "security-events", "-K", "\t", "-z", "none", "-l", tokensFile.path]
+try kcat.run()
+kcat.waitUntilExit()
+guard kcat.terminationStatus == 0 else { fatalError("kcat could not produce the tokens") }
+
+// For reference: kcat reading everything (no group, no commits).
+do {
+    let reader = Process()
+    reader.executableURL = URL(fileURLWithPath: "/usr/bin/kcat")
+    reader.arguments = ["-C", "-b", cluster.bootstrapServers, "-t", "security-events", "-o", "beginning", "-e", "-q", "-f", "%o\\n"]
+    reader.standardOutput = FileHandle.nullDevice
+    let started = Date()
+    try reader.run()
+    reader.waitUntilExit()
+    print("kcat alone (consume everything): \(Int(Double(count) / Date().timeIntervalSince(started))) messages/s")
+}
+
+// Kafka alone: our consumer reads every message and finishes it at once (off the main actor).
+nonisolated func kafkaOnly() async throws {
+    let consumer = try KafkaConsumer(configuration: .init(bootstrapServers: cluster.bootstrapServers, groupID: "kafka-only",
+                                                          topics: ["security-events"], properties: ["session.timeout.ms": "6000"]),
+                                     logger: logger)
+    async let run: Void = consumer.run()
+    var n = 0
+    var start: Date? = nil
+    for await message in consumer.messages {
+        if start == nil { start = Date() }
+        consumer.finished(message)
+        n += 1
+        if n == count { break }
+    }
+    let rate = Double(n - 1) / Date().timeIntervalSince(start!)
+    consumer.close()
+    try await run
+    print("Kafka alone (consume and commit, no work): \(Int(rate)) messages/s")
+}
+try await kafkaOnly()
+
+// Run the worker; time from its first recorded event to its last.
+let wardenPath = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent("warden").path
+let worker = Process()
+worker.executableURL = URL(fileURLWithPath: wardenPath)
+worker.arguments = ["run", "--config", config.path]
+var environment = ProcessInfo.processInfo.environment
+environment["WARDEN_LOG_LEVEL"] = "warning"
+worker.environment = environment
+worker.standardOutput = FileHandle.nullDevice
+try worker.run()
+let ledgerPath = directory.appendingPathComponent("ledger.sqlite").path
+var firstSeen: (Date, Int)? = nil
+var last: (Date, Int) = (Date(), 0)
+let deadline = Date().addingTimeInterval(600)
+while Date() < deadline {
+    try await Task.sleep(for: .milliseconds(100))
+    guard FileManager.default.fileExists(atPath: ledgerPath),
+          let n = try? SQLiteLedgerReader(path: ledgerPath).eventCount() else { continue }
+    if n > 0, firstSeen == nil { firstSeen = (Date(), n) }
+    last = (Date(), n)
+    if n >= count { break }
+}
+worker.terminate()
+worker.waitUntilExit()
+guard let (t0, n0) = firstSeen, last.1 >= count else { fatalError("the worker recorded \(last.1) of \(count) events") }
+let rate = Double(last.1 - n0) / last.0.timeIntervalSince(t0)
+print("warden run end to end (Kafka → verify → SQLite ledger → commit), \(count) SETs, \(partitions) partitions: \(Int(rate)) SETs/s")
+print("verification alone, one core: \(Int(verifyRate)) SETs/s")
+if let limit {
+    print("two-core RSA-2048 verify limit (openssl speed -multi 2): \(Int(limit)) /s; end to end is \(String(format: "%.2f", rate / limit)) of it (goal ≥ 0.5)")
+}
