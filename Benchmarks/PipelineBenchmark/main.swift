@@ -174,7 +174,8 @@ let deadline = Date().addingTimeInterval(600)
 while Date() < deadline {
     try await Task.sleep(for: .milliseconds(100))
     guard FileManager.default.fileExists(atPath: ledgerPath),
-          let n = try? SQLiteLedgerReader(path: ledgerPath).eventCount() else { continue }
+          let latest = try? SQLiteLedgerReader(path: ledgerPath).latestEventID() else { continue }
+    let n = Int(latest)
     if n > 0, firstSeen == nil { firstSeen = (Date(), n) }
     last = (Date(), n)
     if n >= count { break }

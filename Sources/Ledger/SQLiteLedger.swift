@@ -174,6 +174,16 @@ public struct SQLiteLedgerReader: Sendable {
 
     public func deliveries() throws(LedgerError) -> [StoredDelivery] { try Self.deliveries(database) }
 
+    /// The id of the newest event: how many events were ever recorded (ids are never reused),
+    /// read without scanning the table.
+    public func latestEventID() throws(LedgerError) -> Int64 {
+        do {
+            return try database.read { db in try Int64.fetchOne(db, sql: "SELECT max(id) FROM events") ?? 0 }
+        } catch {
+            throw LedgerError("cannot read the ledger: \(error)")
+        }
+    }
+
     static func events(_ database: DatabaseQueue) throws(LedgerError) -> [StoredEvent] {
         do {
             return try database.read { db in
@@ -228,12 +238,16 @@ func jsonArray(_ items: [String]) -> String {
     for (i, item) in items.enumerated() {
         if i > 0 { out += "," }
         out += "\""
-        for scalar in item.unicodeScalars {
-            switch scalar {
-            case "\"": out += "\\\""
-            case "\\": out += "\\\\"
-            case _ where scalar.value < 0x20: out += String(format: "\\u%04x", scalar.value)
-            default: out.unicodeScalars.append(scalar)
+        if item.utf8.allSatisfy({ $0 >= 0x20 && $0 != 0x22 && $0 != 0x5C }) {
+            out += item  // nothing to escape (the usual case)
+        } else {
+            for scalar in item.unicodeScalars {
+                switch scalar {
+                case "\"": out += "\\\""
+                case "\\": out += "\\\\"
+                case _ where scalar.value < 0x20: out += String(format: "\\u%04x", scalar.value)
+                default: out.unicodeScalars.append(scalar)
+                }
             }
         }
         out += "\""

@@ -95,3 +95,19 @@ struct SQLiteLedgerTests {
         await #expect(throws: LedgerError.self) { _ = try await ledger.claim(Self.event(jti: "late"), outcome: .pending, steps: []) }
     }
 }
+
+@Suite("Ledger JSON text")
+struct LedgerJSONTests {
+    @Test func stepListsAreValidJSON() async throws {
+        let ledger = try SQLiteLedger(path: SQLiteLedgerTests.temporaryPath())
+        let awkward = ["plain", "quote \" backslash \\ newline \n tab \t", "ünïcödé", ""]
+        guard case .new = try await ledger.claim(SQLiteLedgerTests.event(jti: "j"), outcome: .pending, steps: awkward) else {
+            Issue.record("not new")
+            return
+        }
+        let text = try #require(try ledger.events().first?.steps)
+        let decoded = try JSONSerialization.jsonObject(with: Data(text.utf8)) as? [String]
+        #expect(decoded == awkward)
+        await ledger.close()
+    }
+}
