@@ -166,6 +166,8 @@ var environment = ProcessInfo.processInfo.environment
 environment["WARDEN_LOG_LEVEL"] = "warning"
 worker.environment = environment
 worker.standardOutput = FileHandle.nullDevice
+// BENCH_WORKER_STDERR=1 shows the worker's log.
+if ProcessInfo.processInfo.environment["BENCH_WORKER_STDERR"] == nil { worker.standardError = FileHandle.nullDevice }
 try worker.run()
 let ledgerPath = directory.appendingPathComponent("ledger.sqlite").path
 var firstSeen: (Date, Int)? = nil

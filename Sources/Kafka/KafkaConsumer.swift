@@ -69,8 +69,9 @@ final class ConsumerState: Sendable {
 /// When too many messages are in flight the assigned partitions are paused, and polling goes on,
 /// so the member stays in its group however long the work takes.
 public final class KafkaConsumer: Sendable {
-    public let messages: AsyncStream<KafkaMessage>
-    private let continuation: AsyncStream<KafkaMessage>.Continuation
+    /// Messages in the order they were fetched, in the batches one poll round produced.
+    public let batches: AsyncStream<[KafkaMessage]>
+    private let continuation: AsyncStream<[KafkaMessage]>.Continuation
     private let client: KafkaClient
     private let state: ConsumerState
     private let configuration: KafkaConsumerConfiguration
@@ -86,7 +87,7 @@ public final class KafkaConsumer: Sendable {
         self.state = state
         self.configuration = configuration
         self.logger = logger
-        (messages, continuation) = AsyncStream.makeStream(of: KafkaMessage.self)
+        (batches, continuation) = AsyncStream.makeStream(of: [KafkaMessage].self)
 
         rd_kafka_poll_set_consumer(client.handle)
         let topics = rd_kafka_topic_partition_list_new(Int32(configuration.topics.count))!
@@ -109,6 +110,16 @@ public final class KafkaConsumer: Sendable {
             thread.start()
         }
         if let failure { throw KafkaError(.fatal, "Kafka consumer stopped: \(failure)") }
+    }
+
+    /// Every message, one at a time.
+    public var messages: KafkaMessages { KafkaMessages(batches: batches) }
+
+    /// The outcomes of these messages are durable.
+    public func finished(_ messages: some Sequence<KafkaMessage>) {
+        state.tracker.withLock { tracker in
+            for message in messages { tracker.finished(TopicPartition(message.topic, message.partition), offset: message.offset) }
+        }
     }
 
     /// The message's outcome is durable: its offset may be committed once every earlier
@@ -180,9 +191,19 @@ public final class KafkaConsumer: Sendable {
                 if control.paused, inFlight <= state.maximumInFlight / 2 { setPaused(false) }
             }
 
-            if let message = rd_kafka_consumer_poll(rk, 100) {
-                handle(message, deliver: streamOpen)
+            // One blocking poll, then whatever else is ready, handed out as one batch.
+            var batch: [KafkaMessage] = []
+            var timeout: Int32 = 100
+            while batch.count < Self.maximumBatch, let message = rd_kafka_consumer_poll(rk, timeout) {
+                if let m = convert(message, deliver: streamOpen) { batch.append(m) }
                 rd_kafka_message_destroy(message)
+                timeout = 0
+            }
+            if !batch.isEmpty {
+                state.tracker.withLock { tracker in
+                    for m in batch { tracker.handedOut(TopicPartition(m.topic, m.partition), offset: m.offset) }
+                }
+                continuation.yield(batch)
             }
             commitIfDue(&lastCommit)
         }
@@ -216,7 +237,10 @@ public final class KafkaConsumer: Sendable {
         logger.debug(pause ? "paused fetching" : "resumed fetching", metadata: ["kafka.partitions": "\(assignment.pointee.cnt)"])
     }
 
-    private func handle(_ pointer: UnsafeMutablePointer<rd_kafka_message_t>, deliver: Bool) {
+    /// Most messages handed out by one poll round.
+    static let maximumBatch = 512
+
+    private func convert(_ pointer: UnsafeMutablePointer<rd_kafka_message_t>, deliver: Bool) -> KafkaMessage? {
         let m = pointer.pointee
         if m.err != RD_KAFKA_RESP_ERR_NO_ERROR {
             if m.err != RD_KAFKA_RESP_ERR__PARTITION_EOF {
@@ -225,11 +249,11 @@ public final class KafkaConsumer: Sendable {
                     "kafka.error": "\(String(cString: rd_kafka_err2name(m.err)))", "kafka.reason": "\(detail)",
                 ])
             }
-            return
+            return nil
         }
         // A message polled after fetching stopped is not handed out and not tracked: it is
         // fetched again by whoever owns the partition next.
-        guard deliver else { return }
+        guard deliver else { return nil }
         let topic = String(cString: rd_kafka_topic_name(m.rkt))
         let value = m.payload.map { Array(UnsafeRawBufferPointer(start: $0, count: m.len)) } ?? []
         let key = m.key.map { Array(UnsafeRawBufferPointer(start: $0, count: m.key_len)) }
@@ -248,10 +272,8 @@ public final class KafkaConsumer: Sendable {
         }
         var timestampType = RD_KAFKA_TIMESTAMP_NOT_AVAILABLE
         let timestamp = rd_kafka_message_timestamp(pointer, &timestampType)
-        let message = KafkaMessage(topic: topic, partition: m.partition, offset: m.offset, key: key, value: value,
-                                   headers: headers, timestamp: timestampType == RD_KAFKA_TIMESTAMP_NOT_AVAILABLE ? nil : timestamp)
-        state.tracker.withLock { $0.handedOut(TopicPartition(topic, m.partition), offset: m.offset) }
-        continuation.yield(message)
+        return KafkaMessage(topic: topic, partition: m.partition, offset: m.offset, key: key, value: value,
+                            headers: headers, timestamp: timestampType == RD_KAFKA_TIMESTAMP_NOT_AVAILABLE ? nil : timestamp)
     }
 
     private func commit(synchronously: Bool) {
@@ -351,4 +373,28 @@ private let offsetCommitCallback: @convention(c) (OpaquePointer?, rd_kafka_resp_
             "kafka.partitions": "\(failed.map(\.description).joined(separator: ","))",
         ])
     }
+}
+
+/// The messages of a consumer's batches, one at a time.
+public struct KafkaMessages: AsyncSequence, Sendable {
+    public typealias Element = KafkaMessage
+    let batches: AsyncStream<[KafkaMessage]>
+
+    public struct AsyncIterator: AsyncIteratorProtocol {
+        var batches: AsyncStream<[KafkaMessage]>.AsyncIterator
+        var current: [KafkaMessage] = []
+        var index = 0
+
+        public mutating func next() async -> KafkaMessage? {
+            while index >= current.count {
+                guard let batch = await batches.next() else { return nil }
+                current = batch
+                index = 0
+            }
+            defer { index += 1 }
+            return current[index]
+        }
+    }
+
+    public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(batches: batches.makeAsyncIterator()) }
 }

@@ -10,6 +10,9 @@ public protocol Ledger: Sendable {
     func record(outcome: EventOutcome, steps: [String], forEvent eventID: Int64) async throws(LedgerError)
     /// Records a message that failed verification (it has no issuer or jti to trust).
     func recordRejection(_ rejection: Rejection) async throws(LedgerError)
+    /// Claims and rejections in one atomic write, in order: all are recorded or none. Returns the
+    /// claim of each event entry (nil for rejections).
+    func record(_ entries: [LedgerEntry]) async throws(LedgerError) -> [Claim?]
     /// Whether the ledger can be written.
     func isReachable() async -> Bool
     /// Finishes pending writes and closes.
@@ -47,6 +50,14 @@ public struct LedgerEvent: Sendable, Equatable {
         self.issuedAt = issuedAt
         self.receivedAt = receivedAt
     }
+}
+
+/// One part of an atomic ledger write.
+public enum LedgerEntry: Sendable, Equatable {
+    /// A verified event with its plan: claimed if new, a duplicate delivery otherwise.
+    case event(LedgerEvent, outcome: EventOutcome, steps: [String])
+    /// A message that failed verification.
+    case rejection(Rejection)
 }
 
 public enum Claim: Sendable, Equatable {

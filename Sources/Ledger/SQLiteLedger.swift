@@ -85,30 +85,46 @@ public final class SQLiteLedger: Ledger {
     }
 
     public func claim(_ event: LedgerEvent, outcome: EventOutcome, steps: [String]) async throws(LedgerError) -> Claim {
+        try await writer.submit { db in try Self.claim(event, outcome: outcome, steps: steps, in: db) }
+    }
+
+    public func record(_ entries: [LedgerEntry]) async throws(LedgerError) -> [Claim?] {
         try await writer.submit { db in
-            try db.cachedStatement(sql: """
-                INSERT INTO events (issuer, jti, token, source, event_types, subject, key_id, algorithm,
-                                    key_thumbprint, issued_at, received_at, outcome, steps, updated_at)
-                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-                ON CONFLICT (issuer, jti) DO NOTHING
-                """).execute(arguments: [event.issuer, event.jti, event.token, event.source, jsonArray(event.eventTypes),
-                                         event.subject, event.keyID, event.algorithm, event.keyThumbprint, event.issuedAt,
-                                         event.receivedAt, outcome.rawValue, jsonArray(steps), event.receivedAt])
-            let claim: Claim
-            if db.changesCount == 1 {
-                claim = .new(eventID: db.lastInsertedRowID)
-            } else {
-                let id = try Int64.fetchOne(db.cachedStatement(sql: "SELECT id FROM events WHERE issuer = ? AND jti = ?"),
-                                            arguments: [event.issuer, event.jti])!
-                claim = .duplicate(eventID: id)
+            try entries.map { entry -> Claim? in
+                switch entry {
+                case .event(let event, let outcome, let steps): return try Self.claim(event, outcome: outcome, steps: steps, in: db)
+                case .rejection(let rejection):
+                    try Self.insert(rejection, in: db)
+                    return nil
+                }
             }
-            // The event row records its first delivery; later ones are recorded as duplicates.
-            if case .duplicate(let id) = claim {
-                try db.cachedStatement(sql: "INSERT INTO deliveries (event_id, source, received_at, verdict) VALUES (?, ?, ?, 'duplicate')")
-                    .execute(arguments: [id, event.source, event.receivedAt])
-            }
-            return claim
         }
+    }
+
+    private static func claim(_ event: LedgerEvent, outcome: EventOutcome, steps: [String], in db: Database) throws -> Claim {
+        try db.cachedStatement(sql: """
+            INSERT INTO events (issuer, jti, token, source, event_types, subject, key_id, algorithm,
+                                key_thumbprint, issued_at, received_at, outcome, steps, updated_at)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+            ON CONFLICT (issuer, jti) DO NOTHING
+            """).execute(arguments: [event.issuer, event.jti, event.token, event.source, jsonArray(event.eventTypes),
+                                     event.subject, event.keyID, event.algorithm, event.keyThumbprint, event.issuedAt,
+                                     event.receivedAt, outcome.rawValue, jsonArray(steps), event.receivedAt])
+        if db.changesCount == 1 { return .new(eventID: db.lastInsertedRowID) }
+        let id = try Int64.fetchOne(db.cachedStatement(sql: "SELECT id FROM events WHERE issuer = ? AND jti = ?"),
+                                    arguments: [event.issuer, event.jti])!
+        // The event row records its first delivery; later ones are recorded as duplicates.
+        try db.cachedStatement(sql: "INSERT INTO deliveries (event_id, source, received_at, verdict) VALUES (?, ?, ?, 'duplicate')")
+            .execute(arguments: [id, event.source, event.receivedAt])
+        return .duplicate(eventID: id)
+    }
+
+    private static func insert(_ rejection: Rejection, in db: Database) throws {
+        try db.cachedStatement(sql: """
+            INSERT INTO deliveries (event_id, source, received_at, verdict, error_code, error_description, token)
+            VALUES (NULL, ?, ?, 'invalid', ?, ?, ?)
+            """).execute(arguments: [rejection.source, rejection.receivedAt, rejection.code, rejection.description,
+                                     Data(rejection.token)])
     }
 
     public func record(outcome: EventOutcome, steps: [String], forEvent eventID: Int64) async throws(LedgerError) {
@@ -120,13 +136,7 @@ public final class SQLiteLedger: Ledger {
     }
 
     public func recordRejection(_ rejection: Rejection) async throws(LedgerError) {
-        try await writer.submit { db in
-            try db.cachedStatement(sql: """
-                INSERT INTO deliveries (event_id, source, received_at, verdict, error_code, error_description, token)
-                VALUES (NULL, ?, ?, 'invalid', ?, ?, ?)
-                """).execute(arguments: [rejection.source, rejection.receivedAt, rejection.code, rejection.description,
-                                         Data(rejection.token)])
-        }
+        try await writer.submit { db in try Self.insert(rejection, in: db) }
     }
 
     public func isReachable() async -> Bool {

@@ -56,8 +56,11 @@ public final class StopSignal: Sendable {
     }
 }
 
-/// The core of the pipeline: verify → claim → plan → record. Returns only when the outcome is
-/// durable (or the process is stopping), so the caller may then commit the message.
+/// The core of the pipeline: verify → claim with plan → record. Works on batches: a batch is
+/// verified on every core, its dead letters are sent, and then all of it is written to the
+/// ledger in one atomic write, in order; only then are its outcomes durable and may its messages
+/// be committed. Order within a batch is the order of arrival, so one subject's events are
+/// recorded in order.
 public struct EventProcessor: Sendable {
     public let verifier: SETVerifier
     public let ledger: any Ledger
@@ -68,6 +71,8 @@ public struct EventProcessor: Sendable {
     /// Backoff bounds for retries (keys unavailable, ledger or dead-letter failures), seconds.
     public var initialBackoff: Double = 0.5
     public var maximumBackoff: Double = 30
+    /// Tasks verifying one batch at once.
+    public var parallelism: Int = max(1, ProcessInfo.processInfo.activeProcessorCount)
 
     public init(verifier: SETVerifier, ledger: any Ledger, deadLetters: any DeadLetterSink, metrics: WardenMetrics,
                 logger: Logger, stop: StopSignal) {
@@ -79,78 +84,177 @@ public struct EventProcessor: Sendable {
         self.stop = stop
     }
 
+    /// A batch verified, its dead letters sent: ready for its one ledger write.
+    public struct Prepared: Sendable {
+        /// The messages that will be recorded: a prefix of the batch (the rest is abandoned).
+        public var count: Int
+        var entries: [LedgerEntry]
+        var verdicts: [Verdict]
+    }
+
+    enum Verdict: Sendable {
+        case valid(VerifiedSET)
+        case invalid(code: String, description: String)
+    }
+
+    /// Processes one message (a batch of one).
     public func process(_ message: IntakeMessage) async -> Disposition {
+        await process([message]).first ?? .abandoned
+    }
+
+    /// Processes a batch; returns each message's disposition, in order.
+    public func process(_ batch: [IntakeMessage]) async -> [Disposition] {
+        await record(await prepare(batch), batch)
+    }
+
+    /// Verifies the batch and dead-letters its invalid messages. While an issuer's keys are
+    /// unavailable the batch waits, retrying; if the process stops first, the batch is cut
+    /// before the first message without a verdict, and the rest is left for redelivery.
+    public func prepare(_ batch: [IntakeMessage]) async -> Prepared {
+        var results = await verifyAll(batch)
         var attempt = 0
-        while true {
-            let started = ContinuousClock.now
-            // Whitespace around a compact JWS (a trailing newline from a file or a shell) is not
-            // part of it; the dead letter and the ledger keep the value as received.
-            let result = await verifier.verify(trimmedASCIIWhitespace(message.value))
-            let elapsed = (ContinuousClock.now - started).components
-            metrics.verifySeconds.recordNanoseconds(elapsed.seconds * 1_000_000_000 + elapsed.attoseconds / 1_000_000_000)
-            switch result {
-            case .success(let verified):
-                return await record(verified, message)
-            case .failure(let error) where error.isRetryable:
-                metrics.retried("keys_unavailable")
-                logger.warning("issuer keys unavailable; will retry", metadata: [
-                    "warden.source": "\(message.source)", "warden.reason": "\(error.description)", "warden.attempt": "\(attempt)",
-                ])
-                guard await stop.pause(backoff(attempt)) else { return .abandoned }
-                attempt += 1
-            case .failure(let error):
-                return await reject(message, code: error.reportedCode, description: error.description)
+        while let waiting = results.firstIndex(where: { if case .failure(let e) = $0 { e.isRetryable } else { false } }) {
+            guard case .failure(let error) = results[waiting] else { break }
+            metrics.retried("keys_unavailable")
+            logger.warning("issuer keys unavailable; will retry", metadata: [
+                "warden.source": "\(batch[waiting].source)", "warden.reason": "\(error.description)", "warden.attempt": "\(attempt)",
+            ])
+            guard await stop.pause(backoff(attempt)) else {
+                results.removeSubrange(waiting...)
+                break
+            }
+            attempt += 1
+            for i in waiting..<results.count {
+                if case .failure(let e) = results[i], e.isRetryable { results[i] = await verify(batch[i]) }
             }
         }
+
+        var verdicts: [Verdict] = []
+        verdicts.reserveCapacity(results.count)
+        for result in results {
+            switch result {
+            case .success(let verified): verdicts.append(.valid(verified))
+            case .failure(let error): verdicts.append(.invalid(code: error.reportedCode, description: error.description))
+            }
+        }
+
+        // Dead letters first: an invalid message is committed only once its dead letter is durable.
+        let invalid = verdicts.indices.filter { if case .invalid = verdicts[$0] { true } else { false } }
+        if !invalid.isEmpty {
+            let sent = await withTaskGroup(of: (Int, Bool).self) { group in
+                for i in invalid {
+                    guard case .invalid(let code, let description) = verdicts[i] else { continue }
+                    metrics.verifyFailure(code)
+                    let message = batch[i]
+                    group.addTask {
+                        let ok = await retrying("dead-letter") { () async throws -> Bool in
+                            try await deadLetters.deadLetter(value: message.value, code: code, description: description,
+                                                             source: message.source)
+                            return true
+                        }
+                        return (i, ok != nil)
+                    }
+                }
+                var failed: [Int] = []
+                for await (i, ok) in group where !ok { failed.append(i) }
+                return failed.min()
+            }
+            if let firstUnsent = sent { verdicts.removeSubrange(firstUnsent...) }
+        }
+
+        var entries: [LedgerEntry] = []
+        entries.reserveCapacity(verdicts.count)
+        for (i, verdict) in verdicts.enumerated() {
+            let message = batch[i]
+            switch verdict {
+            case .valid(let verified):
+                // Until the invalidation engine plans steps, a verified event waits as pending.
+                entries.append(.event(ledgerEvent(verified, message), outcome: .pending, steps: []))
+            case .invalid(let code, let description):
+                metrics.deadLettered()
+                entries.append(.rejection(Rejection(token: message.value, source: message.source, code: code,
+                                                    description: description, receivedAt: message.receivedAt)))
+            }
+        }
+        return Prepared(count: verdicts.count, entries: entries, verdicts: verdicts)
     }
 
-    private func record(_ verified: VerifiedSET, _ message: IntakeMessage) async -> Disposition {
+    /// Writes a prepared batch to the ledger in one atomic write (retried until it succeeds or
+    /// the process stops). Returns each message's disposition; messages past `prepared.count`
+    /// are abandoned.
+    public func record(_ prepared: Prepared, _ batch: [IntakeMessage]) async -> [Disposition] {
+        var dispositions = [Disposition](repeating: .abandoned, count: batch.count)
+        guard prepared.count > 0 else { return dispositions }
+        guard let claims = await retrying("ledger", { try await ledger.record(prepared.entries) }) else {
+            return dispositions
+        }
+        for (i, verdict) in prepared.verdicts.enumerated() {
+            let message = batch[i]
+            switch (verdict, claims[i]) {
+            case (.valid(let verified), .duplicate(let id)?):
+                metrics.outcome("duplicate")
+                logger.info("duplicate event", metadata: metadata(verified.token, message, eventID: id))
+                dispositions[i] = .duplicate(eventID: id)
+            case (.valid(let verified), .new(let id)?):
+                metrics.outcome(EventOutcome.pending.rawValue)
+                logger.info("event recorded", metadata: metadata(verified.token, message, eventID: id)
+                    .merging(["warden.outcome": "\(EventOutcome.pending.rawValue)"]) { $1 })
+                dispositions[i] = .recorded(eventID: id, outcome: .pending)
+            case (.invalid(let code, let description), _):
+                metrics.outcome("invalid")
+                logger.warning("invalid token dead-lettered", metadata: [
+                    "warden.source": "\(message.source)", "warden.err": "\(code)", "warden.reason": "\(description)",
+                    "warden.token": "\(TokenDigest.short(message.value))",
+                ])
+                dispositions[i] = .rejected(code: code)
+            case (.valid, nil):
+                preconditionFailure("the ledger returned no claim for an event")
+            }
+        }
+        return dispositions
+    }
+
+    /// Verifies every message, the batch split across `parallelism` tasks.
+    private func verifyAll(_ batch: [IntakeMessage]) async -> [Result<VerifiedSET, VerificationError>] {
+        let workers = min(parallelism, max(1, batch.count / 8))
+        if workers <= 1 {
+            var results: [Result<VerifiedSET, VerificationError>] = []
+            results.reserveCapacity(batch.count)
+            for message in batch { results.append(await verify(message)) }
+            return results
+        }
+        return await withTaskGroup(of: [(Int, Result<VerifiedSET, VerificationError>)].self) { group in
+            for w in 0..<workers {
+                group.addTask {
+                    var part: [(Int, Result<VerifiedSET, VerificationError>)] = []
+                    for i in stride(from: w, to: batch.count, by: workers) { part.append((i, await verify(batch[i]))) }
+                    return part
+                }
+            }
+            var results = [Result<VerifiedSET, VerificationError>?](repeating: nil, count: batch.count)
+            for await part in group { for (i, r) in part { results[i] = r } }
+            return results.map { $0! }
+        }
+    }
+
+    private func verify(_ message: IntakeMessage) async -> Result<VerifiedSET, VerificationError> {
+        let started = ContinuousClock.now
+        // Whitespace around a compact JWS (a trailing newline from a file or a shell) is not
+        // part of it; the dead letter and the ledger keep the value as received.
+        let result = await verifier.verify(trimmedASCIIWhitespace(message.value))
+        let elapsed = (ContinuousClock.now - started).components
+        metrics.verifySeconds.recordNanoseconds(elapsed.seconds * 1_000_000_000 + elapsed.attoseconds / 1_000_000_000)
+        return result
+    }
+
+    private func ledgerEvent(_ verified: VerifiedSET, _ message: IntakeMessage) -> LedgerEvent {
         let token = verified.token
-        let event = LedgerEvent(
+        return LedgerEvent(
             issuer: token.issuer, jti: token.jti, token: String(decoding: trimmedASCIIWhitespace(message.value), as: UTF8.self),
-            source: message.source,
-            eventTypes: token.events.map(\.type.uri), subject: token.primarySubject.map { $0.json.jsonText },
-            keyID: verified.header.keyID, algorithm: verified.header.algorithm.rawValue, keyThumbprint: verified.keyThumbprint,
+            source: message.source, eventTypes: token.events.map(\.type.uri),
+            subject: token.primarySubject.map { $0.json.jsonText }, keyID: verified.header.keyID,
+            algorithm: verified.header.algorithm.rawValue, keyThumbprint: verified.keyThumbprint,
             issuedAt: token.issuedAt, receivedAt: message.receivedAt)
-        // Until the invalidation engine plans steps, a verified event waits as pending.
-        let outcome: EventOutcome = .pending
-        let steps: [String] = []
-        guard let claim = await retrying("claim", { try await ledger.claim(event, outcome: outcome, steps: steps) }) else {
-            return .abandoned
-        }
-        switch claim {
-        case .duplicate(let id):
-            metrics.outcome("duplicate")
-            logger.info("duplicate event", metadata: metadata(token, message, eventID: id))
-            return .duplicate(eventID: id)
-        case .new(let id):
-            metrics.outcome(outcome.rawValue)
-            logger.info("event recorded", metadata: metadata(token, message, eventID: id).merging(["warden.outcome": "\(outcome.rawValue)"]) { $1 })
-            return .recorded(eventID: id, outcome: outcome)
-        }
-    }
-
-    private func reject(_ message: IntakeMessage, code: String, description: String) async -> Disposition {
-        metrics.verifyFailure(code)
-        guard await retrying("dead-letter", { () async throws -> Bool in
-            try await deadLetters.deadLetter(value: message.value, code: code, description: description, source: message.source)
-            return true
-        }) != nil else { return .abandoned }
-        metrics.deadLettered()
-        let rejection = Rejection(token: message.value, source: message.source, code: code, description: description,
-                                  receivedAt: message.receivedAt)
-        guard await retrying("record-rejection", { () async throws -> Bool in
-            try await ledger.recordRejection(rejection)
-            return true
-        }) != nil else {
-            return .abandoned
-        }
-        metrics.outcome("invalid")
-        logger.warning("invalid token dead-lettered", metadata: [
-            "warden.source": "\(message.source)", "warden.err": "\(code)", "warden.reason": "\(description)",
-            "warden.token": "\(TokenDigest.short(message.value))",
-        ])
-        return .rejected(code: code)
     }
 
     /// Runs `body` until it succeeds, backing off between failures; nil when stopping first.

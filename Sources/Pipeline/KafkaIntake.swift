@@ -4,23 +4,23 @@ import Ledger
 public import Logging
 public import ServiceLifecycle
 
-/// Turns a Kafka topic of SETs into recorded events: messages of one subject (same key, or
-/// same partition when unkeyed) are handled in order by one lane; lanes run concurrently. A
-/// message's offset becomes committable only when its outcome is durable.
+/// Turns a Kafka topic of SETs into recorded events. Messages come in batches (what one poll
+/// round fetched); each batch is verified on every core and written to the ledger in one atomic
+/// write, in arrival order, so one subject's events stay in order. While batch k is being
+/// written, batch k+1 is verified. A message's offset becomes committable only when its
+/// outcome is durable.
 ///
-/// On graceful shutdown: stop fetching, let every lane finish what it holds (messages waiting on
-/// a retry are abandoned, to be delivered again), commit, leave the group.
+/// On graceful shutdown: stop fetching, finish the batches already fetched (a batch waiting on
+/// a retry is cut there, and everything after it is left for redelivery), commit, leave the group.
 public final class KafkaIntake: Service {
     let consumer: KafkaConsumer
     let processor: EventProcessor
-    let lanes: Int
     let metrics: WardenMetrics
     let logger: Logger
 
-    public init(consumer: KafkaConsumer, processor: EventProcessor, lanes: Int, metrics: WardenMetrics, logger: Logger) {
+    public init(consumer: KafkaConsumer, processor: EventProcessor, metrics: WardenMetrics, logger: Logger) {
         self.consumer = consumer
         self.processor = processor
-        self.lanes = max(1, lanes)
         self.metrics = metrics
         self.logger = logger
     }
@@ -43,54 +43,35 @@ public final class KafkaIntake: Service {
     }
 
     private func dispatch() async {
-        var inboxes: [AsyncStream<KafkaMessage>.Continuation] = []
-        await withTaskGroup(of: Void.self) { group in
-            for _ in 0..<lanes {
-                let (stream, continuation) = AsyncStream.makeStream(of: KafkaMessage.self)
-                inboxes.append(continuation)
-                group.addTask { await self.lane(stream) }
+        let processor = self.processor, consumer = self.consumer, logger = self.logger
+        var cut = false
+        await withTaskGroup(of: Void.self) { writes in
+            var writing = false
+            for await batch in consumer.batches {
+                metrics.received(source: "kafka", count: batch.count)
+                // After a cut batch, later messages must not overtake the ones left behind.
+                if cut { continue }
+                let receivedAt = Date().timeIntervalSince1970
+                let intake = batch.map { IntakeMessage(value: $0.value, source: "kafka:\($0.address)", receivedAt: receivedAt) }
+                let prepared = await processor.prepare(intake)
+                if prepared.count < batch.count {
+                    cut = true
+                    logger.info("left for redelivery", metadata: ["warden.messages": "\(batch.count - prepared.count)"])
+                }
+                // One write at a time, in order.
+                if writing { await writes.next() }
+                writes.addTask {
+                    let dispositions = await processor.record(prepared, intake)
+                    let done = zip(batch, dispositions).prefix { $0.1 != .abandoned }.map(\.0)
+                    consumer.finished(done)
+                }
+                writing = true
             }
-            for await message in consumer.messages {
-                metrics.received(source: "kafka")
-                inboxes[laneIndex(message)].yield(message)
-            }
-            for inbox in inboxes { inbox.finish() }
-            await group.waitForAll()
+            await writes.waitForAll()
         }
-        // Every lane is done: commit and leave the group.
+        // Everything fetched is done: commit and leave the group.
         processor.stop.stop()
         consumer.close()
-    }
-
-    private func lane(_ inbox: AsyncStream<KafkaMessage>) async {
-        var abandoning = false
-        for await message in inbox {
-            // Once one message of a lane is abandoned, later ones of the same subject must not
-            // overtake it: they are left for redelivery too.
-            if abandoning { continue }
-            let intake = IntakeMessage(value: message.value, source: "kafka:\(message.address)",
-                                       receivedAt: Date().timeIntervalSince1970)
-            let disposition = await processor.process(intake)
-            if disposition == .abandoned {
-                abandoning = true
-                logger.info("left for redelivery", metadata: ["warden.source": "\(intake.source)"])
-                continue
-            }
-            consumer.finished(message)
-        }
-    }
-
-    /// Same key → same lane (order per subject); unkeyed messages keep their partition's order.
-    func laneIndex(_ message: KafkaMessage) -> Int {
-        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
-        func mix(_ byte: UInt8) { hash = (hash ^ UInt64(byte)) &* 0x100_0000_01b3 }
-        if let key = message.key, !key.isEmpty {
-            for b in key { mix(b) }
-        } else {
-            for b in message.topic.utf8 { mix(b) }
-            withUnsafeBytes(of: message.partition.littleEndian) { for b in $0 { mix(b) } }
-        }
-        return Int(hash % UInt64(lanes))
     }
 
     private func reportOffsets(until stop: StopSignal) async {

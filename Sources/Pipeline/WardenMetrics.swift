@@ -43,8 +43,8 @@ public final class WardenMetrics: Sendable {
         }
     }
 
-    func received(source: String) {
-        (source == "kafka" ? receivedFromKafka : counter("warden_events_received_total", [("source", source)])).increment()
+    func received(source: String, count: Int = 1) {
+        (source == "kafka" ? receivedFromKafka : counter("warden_events_received_total", [("source", source)])).increment(by: count)
     }
     func outcome(_ outcome: String) { (outcomes[outcome] ?? counter("warden_events_total", [("outcome", outcome)])).increment() }
     func verifyFailure(_ code: String) { counter("warden_verify_failures_total", [("err", code)]).increment() }

@@ -87,10 +87,11 @@ struct Worker {
             configuration: .init(bootstrapServers: brokers, groupID: kafka.group, topics: [kafka.topic], properties: properties,
                                  maximumInFlight: kafka.maximumInFlight, commitInterval: kafka.commitInterval),
             logger: logger)
-        let processor = EventProcessor(verifier: verifier, ledger: ledger,
+        var processor = EventProcessor(verifier: verifier, ledger: ledger,
                                        deadLetters: KafkaDeadLetters(producer: producer, topic: kafka.deadLetterTopic),
                                        metrics: metrics, logger: logger, stop: StopSignal())
-        let intake = KafkaIntake(consumer: consumer, processor: processor, lanes: kafka.concurrency, metrics: metrics, logger: logger)
+        processor.parallelism = kafka.concurrency
+        let intake = KafkaIntake(consumer: consumer, processor: processor, metrics: metrics, logger: logger)
 
         let issuers = verifier.configuredIssuers
         let health = HealthServer(

@@ -11,7 +11,7 @@ public struct KafkaSettings: Sendable, Equatable {
     public var properties: [String: String]
     /// Partitions of the topics the embedded cluster creates. Default 4.
     public var embeddedPartitions: Int
-    /// Lanes processing messages concurrently (one subject stays in one lane). Default 512.
+    /// Tasks verifying a batch at once. Default: the number of cores.
     public var concurrency: Int
     /// Messages fetched but not finished before fetching pauses. Default 4096.
     public var maximumInFlight: Int
@@ -39,7 +39,7 @@ public struct KafkaSettings: Sendable, Equatable {
             deadLetterTopic: try r.child("dead-letter-topic").string() ?? "security-events.dlq",
             properties: properties,
             embeddedPartitions: try positiveInt(r.child("embedded-partitions")) ?? 4,
-            concurrency: try positiveInt(r.child("concurrency")) ?? 512,
+            concurrency: try positiveInt(r.child("concurrency")) ?? ProcessInfo.processInfo.activeProcessorCount,
             maximumInFlight: try positiveInt(r.child("max-in-flight")) ?? 4096,
             commitInterval: try WardenConfiguration.positive(r.child("commit-interval")) ?? 1)
     }

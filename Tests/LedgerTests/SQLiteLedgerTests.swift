@@ -58,6 +58,27 @@ struct SQLiteLedgerTests {
         await ledger.close()
     }
 
+    @Test func aBatchIsRecordedInOrderInOneWrite() async throws {
+        let ledger = try SQLiteLedger(path: Self.temporaryPath())
+        let rejection = Rejection(token: Array("x.y.z".utf8), source: "kafka:t/0/2", code: "invalid_key",
+                                  description: "bad signature", receivedAt: 1)
+        let claims = try await ledger.record([
+            .event(Self.event(jti: "b1", source: "kafka:t/0/1"), outcome: .pending, steps: []),
+            .rejection(rejection),
+            .event(Self.event(jti: "b1", source: "kafka:t/0/3"), outcome: .pending, steps: []),
+            .event(Self.event(jti: "b2", source: "kafka:t/0/4"), outcome: .pending, steps: []),
+        ])
+        guard case .new(let first)? = claims[0], case .new(let second)? = claims[3] else {
+            Issue.record("unexpected claims \(claims)")
+            return
+        }
+        #expect(claims[1] == nil)
+        #expect(claims[2] == .duplicate(eventID: first))
+        #expect(second > first)
+        #expect(try ledger.deliveries().map(\.verdict) == ["invalid", "duplicate"])
+        await ledger.close()
+    }
+
     @Test func rejectionsAreRecordedWithTheirError() async throws {
         let ledger = try SQLiteLedger(path: Self.temporaryPath())
         try await ledger.recordRejection(Rejection(token: Array("not-a-token".utf8), source: "kafka:t/1/3",
