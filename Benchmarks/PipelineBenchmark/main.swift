@@ -188,6 +188,7 @@ guard let (t0, n0) = firstSeen, last.1 >= count else { fatalError("the worker re
 let rate = Double(last.1 - n0) / last.0.timeIntervalSince(t0)
 print("warden run end to end (Kafka → verify → SQLite ledger → commit), \(count) SETs, \(partitions) partitions: \(Int(rate)) SETs/s")
 print("verification alone, one core: \(Int(verifyRate)) SETs/s")
+print("twice that (two cores of verification alone): \(Int(2 * verifyRate)) /s; end to end is \(String(format: "%.2f", rate / (2 * verifyRate))) of it")
 if let limit {
     print("two-core RSA-2048 verify limit (openssl speed -multi 2): \(Int(limit)) /s; end to end is \(String(format: "%.2f", rate / limit)) of it (goal ≥ 0.5)")
 }
