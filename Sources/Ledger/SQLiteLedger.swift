@@ -178,11 +178,7 @@ public struct SQLiteLedgerReader: Sendable {
 
     /// How many events the ledger holds.
     public func eventCount() throws(LedgerError) -> Int {
-        do {
-            return try database.read { db in try Int.fetchOne(db, sql: "SELECT count(*) FROM events") ?? 0 }
-        } catch {
-            throw LedgerError("cannot read the ledger: \(error)")
-        }
+        try Self.read(database) { db in try Int.fetchOne(db, sql: "SELECT count(*) FROM events") ?? 0 }
     }
 
     public func deliveries() throws(LedgerError) -> [StoredDelivery] { try Self.deliveries(database) }
@@ -190,34 +186,30 @@ public struct SQLiteLedgerReader: Sendable {
     /// The id of the newest event: how many events were ever recorded (ids are never reused),
     /// read without scanning the table.
     public func latestEventID() throws(LedgerError) -> Int64 {
-        do {
-            return try database.read { db in try Int64.fetchOne(db, sql: "SELECT max(id) FROM events") ?? 0 }
-        } catch {
-            throw LedgerError("cannot read the ledger: \(error)")
-        }
+        try Self.read(database) { db in try Int64.fetchOne(db, sql: "SELECT max(id) FROM events") ?? 0 }
     }
 
     static func events(_ database: DatabaseQueue) throws(LedgerError) -> [StoredEvent] {
-        do {
-            return try database.read { db in
-                try Row.fetchAll(db, sql: "SELECT id, issuer, jti, source, event_types, outcome, steps FROM events ORDER BY id").map {
-                    StoredEvent(id: $0["id"], issuer: $0["issuer"], jti: $0["jti"], source: $0["source"],
-                                eventTypes: $0["event_types"], outcome: $0["outcome"], steps: $0["steps"])
-                }
+        try read(database) { db in
+            try Row.fetchAll(db, sql: "SELECT id, issuer, jti, source, event_types, outcome, steps FROM events ORDER BY id").map {
+                StoredEvent(id: $0["id"], issuer: $0["issuer"], jti: $0["jti"], source: $0["source"],
+                            eventTypes: $0["event_types"], outcome: $0["outcome"], steps: $0["steps"])
             }
-        } catch {
-            throw LedgerError("cannot read the ledger: \(error)")
         }
     }
 
     static func deliveries(_ database: DatabaseQueue) throws(LedgerError) -> [StoredDelivery] {
-        do {
-            return try database.read { db in
-                try Row.fetchAll(db, sql: "SELECT id, event_id, source, verdict, error_code, error_description FROM deliveries ORDER BY id").map {
-                    StoredDelivery(id: $0["id"], eventID: $0["event_id"], source: $0["source"], verdict: $0["verdict"],
-                                   errorCode: $0["error_code"], errorDescription: $0["error_description"])
-                }
+        try read(database) { db in
+            try Row.fetchAll(db, sql: "SELECT id, event_id, source, verdict, error_code, error_description FROM deliveries ORDER BY id").map {
+                StoredDelivery(id: $0["id"], eventID: $0["event_id"], source: $0["source"], verdict: $0["verdict"],
+                               errorCode: $0["error_code"], errorDescription: $0["error_description"])
             }
+        }
+    }
+
+    private static func read<T>(_ database: DatabaseQueue, _ body: (Database) throws -> T) throws(LedgerError) -> T {
+        do {
+            return try database.read(body)
         } catch {
             throw LedgerError("cannot read the ledger: \(error)")
         }

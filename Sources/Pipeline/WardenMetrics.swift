@@ -5,8 +5,8 @@ import Synchronization
 /// one). Names follow DESIGN.md.
 public final class WardenMetrics: Sendable {
     let factory: any MetricsFactory
-    private let counters = Mutex<[String: Counter]>([:])
-    private let gauges = Mutex<[String: Gauge]>([:])
+    private let counters = MetricCache<Counter>()
+    private let gauges = MetricCache<Gauge>()
     let verifySeconds: Timer
     // The per-event ones, made once.
     private let receivedFromKafka: Counter
@@ -24,23 +24,11 @@ public final class WardenMetrics: Sendable {
     }
 
     func counter(_ name: String, _ dimensions: [(String, String)] = []) -> Counter {
-        let key = name + dimensions.map { "|\($0.0)=\($0.1)" }.joined()
-        return counters.withLock { cache in
-            if let c = cache[key] { return c }
-            let c = Counter(label: name, dimensions: dimensions, factory: factory)
-            cache[key] = c
-            return c
-        }
+        counters.get(name, dimensions) { Counter(label: name, dimensions: dimensions, factory: factory) }
     }
 
     func gauge(_ name: String, _ dimensions: [(String, String)]) -> Gauge {
-        let key = name + dimensions.map { "|\($0.0)=\($0.1)" }.joined()
-        return gauges.withLock { cache in
-            if let g = cache[key] { return g }
-            let g = Gauge(label: name, dimensions: dimensions, factory: factory)
-            cache[key] = g
-            return g
-        }
+        gauges.get(name, dimensions) { Gauge(label: name, dimensions: dimensions, factory: factory) }
     }
 
     func received(source: String, count: Int = 1) {
@@ -50,4 +38,19 @@ public final class WardenMetrics: Sendable {
     func verifyFailure(_ code: String) { counter("warden_verify_failures_total", [("err", code)]).increment() }
     func deadLettered() { deadLetters.increment() }
     func retried(_ reason: String) { counter("warden_retries_total", [("reason", reason)]).increment() }
+}
+
+/// Metrics made once per name and labels.
+final class MetricCache<Metric: Sendable>: Sendable {
+    private let made = Mutex<[String: Metric]>([:])
+
+    func get(_ name: String, _ dimensions: [(String, String)], make: () -> Metric) -> Metric {
+        let key = name + dimensions.map { "|\($0.0)=\($0.1)" }.joined()
+        return made.withLock { cache in
+            if let metric = cache[key] { return metric }
+            let metric = make()
+            cache[key] = metric
+            return metric
+        }
+    }
 }
