@@ -1,7 +1,7 @@
 /// Which offsets of each assigned partition are in flight, and so how far the committed offset
 /// may move: up to the first message whose outcome is not yet durable. Messages of one partition
-/// finish out of order (different subjects run concurrently); the commit point only ever covers
-/// a contiguous run of finished ones.
+/// may finish out of order (the consumer does not know how its user schedules work); the commit
+/// point only ever covers a contiguous run of finished ones.
 struct OffsetTracker: Sendable {
     struct Partition: Sendable {
         /// Offsets handed out, in increasing order, with whether each is done. `head` is the
@@ -80,7 +80,4 @@ struct OffsetTracker: Sendable {
     mutating func forgetCommitted(_ list: [TopicPartition]) {
         for tp in list { partitions[tp]?.committed = nil }
     }
-
-    /// Per partition: messages handed out but not yet finished.
-    var lag: [(TopicPartition, Int)] { partitions.map { ($0.key, $0.value.inFlight) } }
 }
