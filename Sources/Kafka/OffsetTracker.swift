@@ -17,11 +17,13 @@ struct OffsetTracker: Sendable {
         /// The offset a commit may name: the first unfinished message, or the one after the last.
         var committable: Int64? { head < offsets.count ? offsets[head] : next }
 
-        var inFlight: Int { offsets.count - head }
+        /// Handed out and not finished.
+        var inFlight = 0
 
         mutating func handedOut(_ offset: Int64) {
             offsets.append(offset)
             done.append(false)
+            inFlight += 1
             next = offset + 1
         }
 
@@ -32,8 +34,9 @@ struct OffsetTracker: Sendable {
                 let mid = (low + high) / 2
                 if offsets[mid] < offset { low = mid + 1 } else { high = mid }
             }
-            guard low < offsets.count, offsets[low] == offset else { return }
+            guard low < offsets.count, offsets[low] == offset, !done[low] else { return }
             done[low] = true
+            inFlight -= 1
             while head < offsets.count, done[head] { head += 1 }
             if head > 1024, head * 2 > offsets.count {
                 offsets.removeFirst(head)
