@@ -199,12 +199,12 @@ public final class KafkaConsumer: Sendable {
                 rd_kafka_message_destroy(message)
                 timeout = 0
             }
-            if !batch.isEmpty {
-                state.tracker.withLock { tracker in
-                    for m in batch { tracker.handedOut(TopicPartition(m.topic, m.partition), offset: m.offset) }
-                }
-                continuation.yield(batch)
+            // A rebalance callback may have run inside one of those polls: only messages of
+            // partitions still assigned are handed out.
+            let owned = state.tracker.withLock { tracker in
+                batch.filter { tracker.handedOut(TopicPartition($0.topic, $0.partition), offset: $0.offset) }
             }
+            if !owned.isEmpty { continuation.yield(owned) }
             commitIfDue(&lastCommit)
         }
         if streamOpen { continuation.finish() }

@@ -59,8 +59,13 @@ struct OffsetTracker: Sendable {
         for tp in list { partitions[tp] = nil }
     }
 
-    mutating func handedOut(_ tp: TopicPartition, offset: Int64) {
-        partitions[tp, default: Partition()].handedOut(offset)
+    /// Tracks a message about to be handed out; false if its partition is not assigned (it was
+    /// revoked while the batch was being polled), in which case it must not be handed out: its
+    /// next owner fetches it, and no commit for a partition this member no longer owns is made.
+    mutating func handedOut(_ tp: TopicPartition, offset: Int64) -> Bool {
+        guard partitions[tp] != nil else { return false }
+        partitions[tp]!.handedOut(offset)
+        return true
     }
 
     mutating func finished(_ tp: TopicPartition, offset: Int64) {
