@@ -97,16 +97,6 @@ public struct EventProcessor: Sendable {
         case invalid(code: String, description: String)
     }
 
-    /// Processes one message (a batch of one).
-    public func process(_ message: IntakeMessage) async -> Disposition {
-        await process([message]).first ?? .abandoned
-    }
-
-    /// Processes a batch; returns each message's disposition, in order.
-    public func process(_ batch: [IntakeMessage]) async -> [Disposition] {
-        await record(await prepare(batch), batch)
-    }
-
     /// Verifies the batch and dead-letters its invalid messages. While an issuer's keys are
     /// unavailable the batch waits, retrying; if the process stops first, the batch is cut
     /// before the first message without a verdict, and the rest is left for redelivery.

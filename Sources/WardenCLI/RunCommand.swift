@@ -58,7 +58,10 @@ struct Worker {
 
     func run() async throws {
         let kafka = configuration.kafka!
-        guard case .sqlite(let ledgerPath) = configuration.ledger! else { return }
+        let ledgerPath: String
+        switch configuration.ledger! {
+        case .sqlite(let path): ledgerPath = path
+        }
 
         var cluster: EmbeddedKafkaCluster? = nil
         var brokers = kafka.brokers
