@@ -168,6 +168,11 @@ let package = Package(
             swiftSettings: testSettings
         ),
         .testTarget(
+            name: "PipelineTests",
+            dependencies: ["Pipeline", "Kafka", "Ledger"],
+            swiftSettings: testSettings
+        ),
+        .testTarget(
             name: "LedgerTests",
             dependencies: ["Ledger"],
             swiftSettings: testSettings

@@ -182,11 +182,23 @@ while Date() < deadline {
     last = (Date(), n)
     if n >= count { break }
 }
+// The worker's CPU time (user + system, all threads) so far, from /proc: per event, it is the
+// figure that does not drift with the machine's speed of the moment.
+let workerCPU: Double? = {
+    guard let stat = try? String(contentsOfFile: "/proc/\(worker.processIdentifier)/stat", encoding: .utf8),
+          let close = stat.lastIndex(of: ")") else { return nil }
+    let fields = stat[stat.index(after: close)...].split(separator: " ")
+    guard fields.count > 13, let user = Double(fields[11]), let system = Double(fields[12]) else { return nil }
+    return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
+}()
 worker.terminate()
 worker.waitUntilExit()
 guard let (t0, n0) = firstSeen, last.1 >= count else { fatalError("the worker recorded \(last.1) of \(count) events") }
 let rate = Double(last.1 - n0) / last.0.timeIntervalSince(t0)
 print("warden run end to end (Kafka → verify → SQLite ledger → commit), \(count) SETs, \(partitions) partitions: \(Int(rate)) SETs/s")
+if let workerCPU {
+    print("worker CPU time per event (whole run, start-up included): \(Int(workerCPU / Double(count) * 1e6)) µs; verification alone: \(Int(1e6 / verifyRate)) µs")
+}
 print("verification alone, one core: \(Int(verifyRate)) SETs/s")
 print("twice that (two cores of verification alone): \(Int(2 * verifyRate)) /s; end to end is \(String(format: "%.2f", rate / (2 * verifyRate))) of it")
 if let limit {

@@ -90,6 +90,15 @@ public struct EventProcessor: Sendable {
         public var count: Int
         var entries: [LedgerEntry]
         var verdicts: [Verdict]
+
+        /// Joins the next batch's preparation to this one, to be written together (with the
+        /// two batches' messages joined the same way). Only a whole batch may be followed: a
+        /// cut batch is always the last.
+        mutating func append(_ next: Prepared) {
+            count += next.count
+            entries += next.entries
+            verdicts += next.verdicts
+        }
     }
 
     enum Verdict: Sendable {
@@ -213,11 +222,16 @@ public struct EventProcessor: Sendable {
             for message in batch { results.append(await verify(message)) }
             return results
         }
+        // Each task takes the next unverified message, so a task slowed by another thread on
+        // its core does not leave the others idle at the end of the batch.
+        let next = SharedIndex()
         return await withTaskGroup(of: [(Int, Result<VerifiedSET, VerificationError>)].self) { group in
-            for w in 0..<workers {
+            for _ in 0..<workers {
                 group.addTask {
                     var part: [(Int, Result<VerifiedSET, VerificationError>)] = []
-                    for i in stride(from: w, to: batch.count, by: workers) { part.append((i, await verify(batch[i]))) }
+                    while case let i = next.take(), i < batch.count {
+                        part.append((i, await verify(batch[i])))
+                    }
                     return part
                 }
             }
@@ -291,4 +305,10 @@ enum TokenDigest {
         for b in bytes { hash = (hash ^ UInt64(b)) &* 0x100_0000_01b3 }
         return "fnv1a:" + String(hash, radix: 16) + " (\(bytes.count) bytes)"
     }
+}
+
+/// An index handed out once to each of several tasks.
+final class SharedIndex: Sendable {
+    private let next = Atomic<Int>(0)
+    func take() -> Int { next.add(1, ordering: .relaxed).oldValue }
 }

@@ -1,13 +1,14 @@
 import Foundation
 public import Kafka
 import Ledger
+import Synchronization
 public import Logging
 public import ServiceLifecycle
 
 /// Turns a Kafka topic of SETs into recorded events. Messages come in batches (what one poll
-/// round fetched); each batch is verified on every core and written to the ledger in one atomic
-/// write, in arrival order, so one subject's events stay in order. While batch k is being
-/// written, batch k+1 is verified. A message's offset becomes committable only when its
+/// round fetched); each batch is verified on every core and written to the ledger in an atomic
+/// write, in arrival order, so one subject's events stay in order. While one write waits for
+/// the disk, the batches after it are verified, and they are written together next. A message's offset becomes committable only when its
 /// outcome is durable.
 ///
 /// On graceful shutdown: stop fetching, finish the batches already fetched (a batch waiting on
@@ -44,9 +45,27 @@ public final class KafkaIntake: Service {
 
     private func dispatch() async {
         let processor = self.processor, consumer = self.consumer, logger = self.logger
-        var cut = false
-        await withTaskGroup(of: Void.self) { writes in
-            var writing = false
+        let queue = WriteQueue(limit: Self.maximumUnwritten)
+        await withTaskGroup(of: Void.self) { group in
+            // One writer: it takes every batch prepared since its last write and writes them
+            // together, in order, in one atomic ledger write. While it waits for the disk,
+            // verification goes on, so the next write is larger rather than later.
+            group.addTask {
+                while let ready = await queue.takeAll() {
+                    var prepared = ready[0].prepared
+                    var messages = ready[0].messages
+                    var intake = ready[0].intake
+                    for next in ready.dropFirst() {
+                        precondition(prepared.count == intake.count, "only the last batch may be cut")
+                        prepared.append(next.prepared)
+                        messages += next.messages
+                        intake += next.intake
+                    }
+                    let dispositions = await processor.record(prepared, intake)
+                    consumer.finished(zip(messages, dispositions).prefix { $0.1 != .abandoned }.map(\.0))
+                }
+            }
+            var cut = false
             for await batch in consumer.batches {
                 metrics.received(source: "kafka", count: batch.count)
                 // After a cut batch, later messages must not overtake the ones left behind.
@@ -58,21 +77,17 @@ public final class KafkaIntake: Service {
                     cut = true
                     logger.info("left for redelivery", metadata: ["warden.messages": "\(batch.count - prepared.count)"])
                 }
-                // One write at a time, in order.
-                if writing { await writes.next() }
-                writes.addTask {
-                    let dispositions = await processor.record(prepared, intake)
-                    let done = zip(batch, dispositions).prefix { $0.1 != .abandoned }.map(\.0)
-                    consumer.finished(done)
-                }
-                writing = true
+                await queue.push(.init(messages: batch, intake: intake, prepared: prepared))
             }
-            await writes.waitForAll()
+            queue.close()
         }
         // Everything fetched is done: commit and leave the group.
         processor.stop.stop()
         consumer.close()
     }
+
+    /// Verified messages that may wait for the ledger at once; verification pauses beyond it.
+    static let maximumUnwritten = 16_384
 
     private func reportOffsets(until stop: StopSignal) async {
         while await stop.pause(1) {
@@ -105,5 +120,77 @@ public struct KafkaDeadLetters: DeadLetterSink {
             KafkaHeader("warden-error-description", description),
             KafkaHeader("warden-source", address),
         ])
+    }
+}
+
+/// Prepared batches between verification and the ledger writer, in arrival order. `push` waits
+/// while `limit` messages are already waiting; `takeAll` waits for at least one batch.
+final class WriteQueue: Sendable {
+    struct Item: Sendable {
+        var messages: [KafkaMessage]
+        var intake: [IntakeMessage]
+        var prepared: EventProcessor.Prepared
+    }
+
+    private struct State {
+        var items: [Item] = []
+        var waiting = 0
+        var closed = false
+        var reader: CheckedContinuation<[Item]?, Never>? = nil
+        var writers: [CheckedContinuation<Void, Never>] = []
+    }
+
+    private let limit: Int
+    private let state = Mutex(State())
+
+    init(limit: Int) { self.limit = limit }
+
+    func push(_ item: Item) async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let (reader, items, proceed) = state.withLock { s -> (CheckedContinuation<[Item]?, Never>?, [Item], Bool) in
+                s.items.append(item)
+                s.waiting += item.messages.count
+                if let reader = s.reader {
+                    s.reader = nil
+                    let items = s.items
+                    s.items = []
+                    s.waiting = 0
+                    return (reader, items, true)
+                }
+                if s.waiting < limit { return (nil, [], true) }
+                s.writers.append(continuation)
+                return (nil, [], false)
+            }
+            reader?.resume(returning: items)
+            if proceed { continuation.resume() }
+        }
+    }
+
+    func takeAll() async -> [Item]? {
+        await withCheckedContinuation { (continuation: CheckedContinuation<[Item]?, Never>) in
+            let (taken, released) = state.withLock { s -> ([Item]??, [CheckedContinuation<Void, Never>]) in
+                if s.items.isEmpty {
+                    if s.closed { return (.some(nil), []) }
+                    s.reader = continuation
+                    return (nil, [])
+                }
+                let items = s.items
+                s.items = []
+                s.waiting = 0
+                defer { s.writers = [] }
+                return (.some(items), s.writers)
+            }
+            for writer in released { writer.resume() }
+            if let taken { continuation.resume(returning: taken) }
+        }
+    }
+
+    func close() {
+        let reader = state.withLock { s -> CheckedContinuation<[Item]?, Never>? in
+            s.closed = true
+            defer { s.reader = nil }
+            return s.items.isEmpty ? s.reader : nil
+        }
+        reader?.resume(returning: nil)
     }
 }

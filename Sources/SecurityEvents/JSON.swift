@@ -496,6 +496,12 @@ extension JSONValue {
 
     static func writeString(_ s: String, to out: inout String) {
         out += "\""
+        // The usual case, nothing to escape: the string goes in whole.
+        if s.utf8.allSatisfy({ $0 >= 0x20 && $0 != 0x22 && $0 != 0x5C }) {
+            out += s
+            out += "\""
+            return
+        }
         for scalar in s.unicodeScalars {
             switch scalar {
             case "\"": out += "\\\""
