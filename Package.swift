@@ -72,6 +72,12 @@ let package = Package(
             dependencies: [.product(name: "GRDB", package: "GRDB.swift")],
             swiftSettings: strict
         ),
+        // Policy (event type → steps), the pure planner, and the executors that act on targets.
+        .target(
+            name: "Invalidation",
+            dependencies: ["SecurityEvents"],
+            swiftSettings: strict
+        ),
         // Intake → verify → claim → record → commit, with metrics and health endpoints.
         .target(
             name: "Pipeline",
@@ -90,7 +96,7 @@ let package = Package(
             dependencies: [
                 "SecurityEvents",
                 "TokenVerification",
-                "Kafka", "Ledger", "Pipeline",
+                "Kafka", "Ledger", "Pipeline", "Invalidation",
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -165,6 +171,11 @@ let package = Package(
         .testTarget(
             name: "KafkaTests",
             dependencies: ["Kafka", .product(name: "Logging", package: "swift-log")],
+            swiftSettings: testSettings
+        ),
+        .testTarget(
+            name: "InvalidationTests",
+            dependencies: ["Invalidation", "SecurityEvents"],
             swiftSettings: testSettings
         ),
         .testTarget(

@@ -1,0 +1,196 @@
+public import SecurityEvents
+
+/// A step ready to run: every placeholder filled.
+public struct PlannedStep: Sendable, Hashable {
+    /// Position in the event's plan (0-based); with the event id it names the step in the outbox.
+    public var index: Int
+    /// The event type (canonical URI) whose rule produced the step.
+    public var eventType: String
+    public var action: StepAction
+
+    public init(index: Int, eventType: String, action: StepAction) {
+        self.index = index
+        self.eventType = eventType
+        self.action = action
+    }
+}
+
+/// A rule that applied but could not become a step.
+public struct SkippedStep: Sendable, Hashable {
+    public enum Reason: Error, Sendable, Hashable {
+        /// The rule needs the local user and the subject did not resolve to one.
+        case unresolvedSubject
+        /// The rule names a value the event does not carry (`{email}` for an `iss_sub` subject).
+        case missingValue(String)
+    }
+
+    public var eventType: String
+    public var action: StepAction
+    public var reason: Reason
+}
+
+/// What the planner made of one verified token.
+public struct Plan: Sendable, Hashable {
+    public var steps: [PlannedStep]
+    public var skipped: [SkippedStep]
+    /// Event types the policy has no entry for: recorded, no steps, counted.
+    public var unknownTypes: [EventType]
+
+    /// True when a rule could not run because the subject names no local user.
+    public var isUnresolved: Bool { skipped.contains { $0.reason == .unresolvedSubject } }
+}
+
+/// The local user a provider subject stands for, when one was found.
+public enum SubjectResolution: Sendable, Hashable {
+    case user(String)
+    case unresolved
+}
+
+/// Turns a verified token into steps: pure, no I/O. For each event in the token, the policy's
+/// rules for its type apply in order; a rule with a `when` applies only if it matches. Every
+/// placeholder is filled from the event, its subject and the resolved user.
+public struct Planner: Sendable {
+    public let policy: Policy
+
+    public init(policy: Policy) { self.policy = policy }
+
+    /// Placeholders a template may use.
+    public static let placeholders: Set<String> = ["user", "sub", "iss", "email", "phone", "sid", "jti", "event", "reason"]
+
+    /// The placeholder names in `template` (`{user}` → `user`), in order; unbalanced braces are
+    /// reported as a name that is never valid.
+    public static func placeholderNames(in template: String) -> [String] {
+        var names: [String] = []
+        var rest = template[...]
+        while let open = rest.firstIndex(of: "{") {
+            guard let close = rest[open...].firstIndex(of: "}") else {
+                names.append(String(rest[open...]))
+                break
+            }
+            names.append(String(rest[rest.index(after: open)..<close]))
+            rest = rest[rest.index(after: close)...]
+        }
+        return names
+    }
+
+    public func plan(_ token: SecurityEventToken, subject resolution: SubjectResolution) -> Plan {
+        var plan = Plan(steps: [], skipped: [], unknownTypes: [])
+        for event in token.events {
+            guard let rules = policy.rules(for: event.type) else {
+                plan.unknownTypes.append(event.type)
+                continue
+            }
+            let values = Self.values(for: event, in: token, resolution: resolution)
+            for rule in rules where rule.when?.matches(event, in: token) ?? true {
+                let type = Policy.key(for: event.type)
+                switch Self.fill(rule.action, values: values) {
+                case .success(let action):
+                    plan.steps.append(PlannedStep(index: plan.steps.count, eventType: type, action: action))
+                case .failure(let reason):
+                    plan.skipped.append(SkippedStep(eventType: type, action: rule.action, reason: reason))
+                }
+            }
+        }
+        return plan
+    }
+
+    /// The values placeholders stand for in one event.
+    static func values(for event: SecurityEvent, in token: SecurityEventToken,
+                       resolution: SubjectResolution) -> [String: String] {
+        var values: [String: String] = ["jti": token.jti, "event": event.type.name, "iss": token.issuer]
+        if case .user(let user) = resolution { values["user"] = user }
+        if let reason = event.reason { values["reason"] = reason }
+        let subject = event.subject ?? token.primarySubject
+        if let (iss, sub) = subject?.issuerSubject {
+            values["iss"] = iss
+            values["sub"] = sub
+        } else if let sub = token.subject {
+            values["sub"] = sub
+        }
+        if let subject {
+            for simple in subject.simpleIdentifiers {
+                switch simple {
+                case .email(let email): values["email"] = values["email"] ?? email
+                case .phoneNumber(let phone): values["phone"] = values["phone"] ?? phone
+                case .idTokenClaims(_, _, let email?): values["email"] = values["email"] ?? email
+                default: break
+                }
+            }
+            if case .complex(let members) = subject, case .opaque(let id)? = members[.session] { values["sid"] = id }
+        }
+        if let sid = token.claims["sid"]?.stringValue { values["sid"] = sid }
+        return values
+    }
+
+    /// The action with its placeholders filled, or why it cannot be.
+    static func fill(_ action: StepAction, values: [String: String]) -> Result<StepAction, SkippedStep.Reason> {
+        // Steps on a user's token store need the user even though they hold no template.
+        switch action {
+        case .deleteTokens, .revokeTokens:
+            if values["user"] == nil { return .failure(.unresolvedSubject) }
+        default: break
+        }
+        do throws(SkippedStep.Reason) {
+            func text(_ template: String, glob: Bool = false) throws(SkippedStep.Reason) -> String {
+                try substitute(template, values: values, escapeGlob: glob)
+            }
+            switch action {
+            case .purgeSet(let target, let set): return .success(.purgeSet(target: target, set: try text(set)))
+            case .purgeKeys(let target, let keys):
+                var filled: [String] = []
+                for key in keys { filled.append(try text(key)) }
+                return .success(.purgeKeys(target: target, keys: filled))
+            case .purgePattern(let target, let pattern):
+                return .success(.purgePattern(target: target, pattern: try text(pattern, glob: true)))
+            case .setFlag(let target, let key, let value, let ttl):
+                return .success(.setFlag(target: target, key: try text(key), value: try text(value), ttl: ttl))
+            case .sql(let target, let statement, let parameters):
+                var filled: [String] = []
+                for parameter in parameters { filled.append(try text(parameter)) }
+                return .success(.sql(target: target, statement: statement, parameters: filled))
+            case .deleteToken, .deleteTokens, .revokeTokens, .notify:
+                return .success(action)
+            }
+        } catch {
+            return .failure(error)
+        }
+    }
+
+    /// Replaces each `{name}` with its value. Inside a glob pattern, a value's own `*?[]\` are
+    /// escaped, so a subject cannot widen what a pattern matches.
+    static func substitute(_ template: String, values: [String: String], escapeGlob: Bool) throws(SkippedStep.Reason) -> String {
+        var out = ""
+        var rest = template[...]
+        while let open = rest.firstIndex(of: "{"), let close = rest[open...].firstIndex(of: "}") {
+            out += rest[..<open]
+            let name = String(rest[rest.index(after: open)..<close])
+            guard let value = values[name] else {
+                throw name == "user" ? .unresolvedSubject : .missingValue(name)
+            }
+            out += escapeGlob ? globEscaped(value) : value
+            rest = rest[rest.index(after: close)...]
+        }
+        return out + rest
+    }
+
+    static func globEscaped(_ value: String) -> String {
+        var out = ""
+        for c in value {
+            if "*?[]\\".contains(c) { out.append("\\") }
+            out.append(c)
+        }
+        return out
+    }
+}
+
+extension SubjectIdentifier {
+    /// The simple identifiers inside this one: itself, an alias list's members, a complex
+    /// subject's members.
+    var simpleIdentifiers: [SubjectIdentifier] {
+        switch self {
+        case .aliases(let list): list.flatMap(\.simpleIdentifiers)
+        case .complex(let members): members.sorted { $0.key < $1.key }.flatMap(\.value.simpleIdentifiers)
+        default: [self]
+        }
+    }
+}

@@ -1,0 +1,162 @@
+@testable import Invalidation
+import SecurityEvents
+import Testing
+
+/// Tokens as a provider sends them (Google's legacy spellings included), parsed by the real parser.
+func token(_ event: String, _ payload: String = "{}", subject: String? = #"{"subject_type":"iss-sub","iss":"https://accounts.google.com/","sub":"1234"}"#,
+           extra: String = "") -> SecurityEventToken {
+    let uri = event.contains("://") ? event : EventURIPrefix.risc + event
+    var body = payload
+    if let subject { body = body == "{}" ? #"{"subject":\#(subject)}"# : String(body.dropLast()) + #","subject":\#(subject)}"# }
+    let json = #"{"iss":"https://accounts.google.com/","aud":"app","iat":1700000000,"jti":"j-1"\#(extra),"events":{"\#(uri)":\#(body)}}"#
+    return try! SecurityEventToken.parse(claims: try! JSONParser.parse(json).objectValue!)
+}
+
+let planner = Planner(policy: .builtIn)
+
+@Suite("Planner with the built-in policy")
+struct PlannerTests {
+    @Test func everyBuiltInEntryIsAKnownCanonicalEventType() {
+        for key in Policy.builtIn.rules.keys {
+            let type = EventType(key)
+            #expect(type.isKnown, "\(key)")
+            #expect(Policy.key(for: type) == key, "\(key) is not the canonical URI")
+        }
+    }
+
+    @Test func sessionsRevokedPurgesTheUsersSessionSet() {
+        let plan = planner.plan(token("sessions-revoked"), subject: .user("u-42"))
+        #expect(plan.steps.map(\.action) == [.purgeSet(target: "sessions", set: "user-sessions:u-42"), .notify(target: "app")])
+        #expect(plan.skipped.isEmpty && plan.unknownTypes.isEmpty)
+    }
+
+    @Test func googlesLegacyURIGetsTheCanonicalTypesSteps() {
+        let plan = planner.plan(token("https://accounts.google.com/risc/event/sessions-revoked"), subject: .user("u-1"))
+        #expect(plan.steps.first?.action == .purgeSet(target: "sessions", set: "user-sessions:u-1"))
+        #expect(plan.steps.first?.eventType == EventURIPrefix.risc + "sessions-revoked")
+    }
+
+    @Test func tokensRevokedEndsSessionsAndDeletesHeldTokens() {
+        let plan = planner.plan(token(EventURIPrefix.oauth + "tokens-revoked"), subject: .user("u-7"))
+        #expect(plan.steps.map(\.action) == [.purgeSet(target: "sessions", set: "user-sessions:u-7"),
+                                              .deleteTokens(store: "tokens"), .notify(target: "app")])
+    }
+
+    @Test func tokenRevokedDeletesTheNamedToken() {
+        let subject = #"{"subject_type":"oauth_token","token_type":"refresh_token","token_identifier_alg":"prefix","token":"1/abcdefghijklmnop"}"#
+        let plan = planner.plan(token(EventURIPrefix.oauth + "token-revoked", subject: subject), subject: .unresolved)
+        #expect(plan.steps.map(\.action) == [.deleteToken(store: "tokens"), .notify(target: "app")])
+        #expect(!plan.isUnresolved)
+    }
+
+    @Test func accountDisabledDependsOnTheReason() {
+        let hijacked = planner.plan(token("account-disabled", #"{"reason":"hijacking"}"#), subject: .user("u"))
+        #expect(hijacked.steps.map(\.action) == [.purgeSet(target: "sessions", set: "user-sessions:u"), .notify(target: "app")])
+        let noReason = planner.plan(token("account-disabled"), subject: .user("u"))
+        #expect(noReason.steps.map(\.action) == [.setFlag(target: "sessions", key: "signin-disabled:u", value: "1", ttl: nil),
+                                                  .notify(target: "app")])
+        let bulk = planner.plan(token("account-disabled", #"{"reason":"bulk-account"}"#), subject: .user("u"))
+        #expect(bulk.steps.map(\.action) == [.notify(target: "app")])
+    }
+
+    @Test func accountEnabledClearsTheSignInFlag() {
+        let plan = planner.plan(token("account-enabled"), subject: .user("u"))
+        #expect(plan.steps.first?.action == .purgeKeys(target: "sessions", keys: ["signin-disabled:u"]))
+    }
+
+    @Test func verificationHasNoSteps() {
+        let plan = planner.plan(token("verification", #"{"state":"abc"}"#, subject: nil), subject: .unresolved)
+        #expect(plan.steps.isEmpty && plan.skipped.isEmpty && plan.unknownTypes.isEmpty)
+    }
+
+    @Test func unknownEventTypesAreListedWithoutSteps() {
+        let plan = planner.plan(token("https://example.com/event/something-new"), subject: .user("u"))
+        #expect(plan.steps.isEmpty)
+        #expect(plan.unknownTypes == [EventType("https://example.com/event/something-new")])
+    }
+
+    @Test func anUnresolvedSubjectSkipsUserStepsButStillNotifies() {
+        let plan = planner.plan(token("sessions-revoked"), subject: .unresolved)
+        #expect(plan.steps.map(\.action) == [.notify(target: "app")])
+        #expect(plan.isUnresolved)
+        #expect(plan.skipped.map(\.reason) == [.unresolvedSubject])
+    }
+
+    @Test func backChannelLogoutPurgesTheNamedSessionOrAllOfThem() {
+        let uri = EventURIPrefix.backchannelLogout
+        let withSID = planner.plan(token(uri, subject: nil, extra: #","sub":"s-1","sid":"08a5019c""#), subject: .user("u"))
+        #expect(withSID.steps.map(\.action) == [.purgeKeys(target: "sessions", keys: ["session:08a5019c"])])
+        let withoutSID = planner.plan(token(uri, subject: nil, extra: #","sub":"s-1""#), subject: .user("u"))
+        #expect(withoutSID.steps.map(\.action) == [.purgeSet(target: "sessions", set: "user-sessions:u")])
+    }
+
+    @Test func caepSessionRevokedWithAComplexSubject() {
+        let subject = #"{"format":"complex","session":{"format":"opaque","id":"sess-abc"},"user":{"format":"iss_sub","iss":"https://idp/","sub":"u-1"}}"#
+        let plan = planner.plan(token(EventURIPrefix.caep + "session-revoked", subject: subject), subject: .user("local-1"))
+        #expect(plan.steps.first?.action == .purgeSet(target: "sessions", set: "user-sessions:local-1"))
+        let caep = token(EventURIPrefix.caep + "session-revoked", subject: subject)
+        let values = Planner.values(for: caep.events[0], in: caep, resolution: .user("local-1"))
+        #expect(values["sid"] == "sess-abc" && values["sub"] == "u-1" && values["iss"] == "https://idp/")
+    }
+}
+
+@Suite("Planner with a configured policy")
+struct ConfiguredPolicyTests {
+    @Test func placeholdersAreFilledFromTheEventAndTheSubject() {
+        let policy = Policy(rules: [EventURIPrefix.risc + "sessions-revoked": [
+            PolicyRule(.purgeKeys(target: "cache", keys: ["by-sub:{iss}|{sub}", "by-mail:{email}", "{event}/{jti}"])),
+        ]])
+        let subject = #"{"subject_type":"id_token_claims","iss":"https://accounts.google.com/","sub":"99","email":"a@example.com"}"#
+        let plan = Planner(policy: policy).plan(token("sessions-revoked", subject: subject), subject: .user("u"))
+        #expect(plan.steps.map(\.action) == [.purgeKeys(target: "cache", keys: [
+            "by-sub:https://accounts.google.com/|99", "by-mail:a@example.com", "sessions-revoked/j-1",
+        ])])
+    }
+
+    @Test func aMissingValueSkipsTheStepAndSaysWhich() {
+        let policy = Policy(rules: [EventURIPrefix.risc + "sessions-revoked": [
+            PolicyRule(.purgeKeys(target: "cache", keys: ["by-mail:{email}"])),
+            PolicyRule(.notify(target: "app")),
+        ]])
+        let plan = Planner(policy: policy).plan(token("sessions-revoked"), subject: .user("u"))
+        #expect(plan.steps.map(\.action) == [.notify(target: "app")])
+        #expect(plan.steps.map(\.index) == [0])
+        #expect(plan.skipped.map(\.reason) == [.missingValue("email")])
+    }
+
+    @Test func aSubjectCannotWidenAPurgePattern() {
+        let policy = Policy(rules: [EventURIPrefix.risc + "sessions-revoked": [
+            PolicyRule(.purgePattern(target: "sessions", pattern: "session:{user}:*")),
+        ]])
+        let plan = Planner(policy: policy).plan(token("sessions-revoked"), subject: .user("*"))
+        #expect(plan.steps.map(\.action) == [.purgePattern(target: "sessions", pattern: #"session:\*:*"#)])
+    }
+
+    @Test func conditionsMatchListedValuesPresenceAndAbsence() {
+        let event = token("account-disabled", #"{"reason":"bulk-account"}"#)
+        #expect(Condition([("reason", .oneOf(["hijacking", "bulk-account"]))]).matches(event.events[0], in: event))
+        #expect(!Condition([("reason", .oneOf(["hijacking"]))]).matches(event.events[0], in: event))
+        #expect(Condition([("reason", .present)]).matches(event.events[0], in: event))
+        #expect(!Condition([("reason", .absent)]).matches(event.events[0], in: event))
+        #expect(!Condition([("reason", .present), ("state", .present)]).matches(event.events[0], in: event))
+    }
+
+    @Test func anOverrideReplacesOneEventTypeOnly() {
+        let policy = Policy.builtIn.overridden(by: [EventURIPrefix.risc + "sessions-revoked": [PolicyRule(.notify(target: "x"))]])
+        #expect(policy.rules(for: .sessionsRevoked) == [PolicyRule(.notify(target: "x"))])
+        #expect(policy.rules(for: .accountDisabled) == Policy.builtIn.rules(for: .accountDisabled))
+    }
+
+    @Test func rulesForMissingTargetsAreLeftOutAndReported() {
+        let (kept, dropped) = Policy.builtIn.keepingOnly(targets: ["sessions"], stores: [])
+        #expect(kept.rules(for: .sessionsRevoked) == [PolicyRule(.purgeSet(target: "sessions", set: "user-sessions:{user}"))])
+        #expect(dropped.contains { $0.1.action == .notify(target: "app") })
+        #expect(dropped.contains { $0.1.action == .deleteTokens(store: "tokens") })
+    }
+
+    @Test func placeholderNamesAreFound() {
+        #expect(Planner.placeholderNames(in: "a:{user}:{sid}") == ["user", "sid"])
+        #expect(Planner.placeholderNames(in: "plain") == [])
+        #expect(Planner.placeholderNames(in: "broken:{user") == ["{user"])
+    }
+}
