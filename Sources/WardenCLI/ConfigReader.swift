@@ -204,6 +204,19 @@ struct ConfigReader {
         return (Array(data), url.path)
     }
 
+    /// A secret given inline as `key` or, better, read from the file `key-file` (a trailing
+    /// newline is dropped). Errors never show the secret.
+    func secret(_ key: String) throws(ConfigError) -> String? {
+        let inline = child(key), file = child(key + "-file")
+        if inline.isPresent, file.isPresent { throw file.error("give either \(key) or \(key)-file, not both") }
+        if inline.isPresent { return try inline.requiredString() }
+        guard let (contents, path) = try file.fileContents() else { return nil }
+        guard var text = String(bytes: contents, encoding: .utf8) else { throw file.error("the file \(path) is not UTF-8 text") }
+        while text.hasSuffix("\n") || text.hasSuffix("\r") { text.removeLast() }
+        guard !text.isEmpty else { throw file.error("the file \(path) is empty") }
+        return text
+    }
+
     static func distance(_ a: String, _ b: String) -> Int {
         let a = Array(a), b = Array(b)
         var row = Array(0...b.count)

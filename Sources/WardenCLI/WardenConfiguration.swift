@@ -12,6 +12,8 @@ public struct WardenConfiguration: Sendable {
     public var http: HTTPSettings
     /// `ledger:`; nil when absent (`warden run` requires it).
     public var ledger: LedgerLocation?
+    /// `targets:`, `token-stores:`, `subjects:`, `policy:`.
+    public var invalidation: InvalidationConfiguration
 
     /// Top-level sections of the product's configuration. Sections other parts of Warden read
     /// are accepted here and validated by those parts.
@@ -53,7 +55,8 @@ public struct WardenConfiguration: Sendable {
         return WardenConfiguration(
             issuers: issuers, maximumTokenBytes: maximum, kafka: try KafkaSettings.parse(root.child("kafka")),
             http: try HTTPSettings.parse(root.child("http")),
-            ledger: root.child("ledger").isPresent ? try LedgerLocation.parse(root.child("ledger")) : nil)
+            ledger: root.child("ledger").isPresent ? try LedgerLocation.parse(root.child("ledger")) : nil,
+            invalidation: try InvalidationConfiguration.parse(root))
     }
 
     static func issuer(_ r: ConfigReader) throws(ConfigError) -> IssuerPolicy {

@@ -1,0 +1,156 @@
+public import Foundation
+
+/// Where a Redis server is and how to sign in to it: `redis://[user[:password]@]host[:port][/db]`.
+public struct RedisEndpoint: Sendable, Hashable, CustomStringConvertible {
+    public var host: String
+    public var port: Int
+    public var database: Int
+    public var username: String?
+    public var password: String?
+    /// Connections kept open to the server. Default 4.
+    public var poolSize: Int
+    /// Connect and command timeout, seconds. Default 5.
+    public var timeout: Double
+
+    public init(host: String, port: Int = 6379, database: Int = 0, username: String? = nil, password: String? = nil,
+                poolSize: Int = 4, timeout: Double = 5) {
+        self.host = host
+        self.port = port
+        self.database = database
+        self.username = username
+        self.password = password
+        self.poolSize = poolSize
+        self.timeout = timeout
+    }
+
+    /// Parses a `redis://` URL; the error says what is wrong with it (without the password).
+    public static func parse(_ text: String) -> Result<RedisEndpoint, TargetSettingsError> {
+        if text.hasPrefix("rediss://") {
+            return .failure(TargetSettingsError("TLS to Redis (rediss://) is not supported; use redis:// on a trusted network"))
+        }
+        guard text.hasPrefix("redis://"), let components = URLComponents(string: text), let host = components.host,
+              !host.isEmpty
+        else {
+            return .failure(TargetSettingsError("expected redis://[user[:password]@]host[:port][/database]"))
+        }
+        var endpoint = RedisEndpoint(host: host, port: components.port ?? 6379)
+        let path = components.path.trimmingCharacters(in: CharacterSet(charactersIn: "/"))
+        if !path.isEmpty {
+            guard let database = Int(path), database >= 0 else {
+                return .failure(TargetSettingsError("the database number \"\(path)\" is not a number"))
+            }
+            endpoint.database = database
+        }
+        if let user = components.user, !user.isEmpty { endpoint.username = user.removingPercentEncoding ?? user }
+        if let password = components.password { endpoint.password = password.removingPercentEncoding ?? password }
+        return .success(endpoint)
+    }
+
+    /// `redis://host:port/db`, never the password.
+    public var description: String {
+        "redis://\(username.map { "\($0)@" } ?? "")\(host):\(port)/\(database)"
+    }
+}
+
+/// An RFC 7009 revocation endpoint and how Warden authenticates to it.
+public struct RevocationEndpoint: Sendable, Hashable {
+    public enum ClientAuthentication: Sendable, Hashable {
+        /// Public client: `client_id` in the body when one is configured.
+        case none(clientID: String?)
+        case clientSecretBasic(clientID: String, secret: String)
+        case clientSecretPost(clientID: String, secret: String)
+
+        public var name: String {
+            switch self {
+            case .none: "none"
+            case .clientSecretBasic: "client_secret_basic"
+            case .clientSecretPost: "client_secret_post"
+            }
+        }
+    }
+
+    public var url: URL
+    public var authentication: ClientAuthentication
+    /// Request timeout, seconds. Default 10.
+    public var timeout: Double
+
+    public init(url: URL, authentication: ClientAuthentication, timeout: Double = 10) {
+        self.url = url
+        self.authentication = authentication
+        self.timeout = timeout
+    }
+}
+
+/// A webhook the app listens on: the normalized event is POSTed as JSON, signed with HMAC-SHA256.
+public struct WebhookEndpoint: Sendable, Hashable {
+    public var url: URL
+    public var hmacSecret: [UInt8]
+    public var timeout: Double
+
+    public init(url: URL, hmacSecret: [UInt8], timeout: Double = 10) {
+        self.url = url
+        self.hmacSecret = hmacSecret
+        self.timeout = timeout
+    }
+}
+
+/// A system Warden acts on, by kind.
+public enum TargetSettings: Sendable, Hashable {
+    case redis(RedisEndpoint)
+    case revoke(RevocationEndpoint)
+    case webhook(WebhookEndpoint)
+    /// The app's database: `sqlite:PATH` or `postgres://…`.
+    case sql(String)
+
+    public var kind: String {
+        switch self {
+        case .redis: "redis"
+        case .revoke: "revoke"
+        case .webhook: "webhook"
+        case .sql: "sql"
+        }
+    }
+
+    /// One line for `check-config` and logs, without secrets.
+    public var summary: String {
+        switch self {
+        case .redis(let endpoint): "redis \(endpoint)"
+        case .revoke(let endpoint): "revoke \(endpoint.url.absoluteString) (auth \(endpoint.authentication.name))"
+        case .webhook(let endpoint): "webhook \(endpoint.url.absoluteString)"
+        case .sql(let location):
+            "sql \(location.hasPrefix("postgres") ? (URLComponents(string: location)?.host ?? "postgres") : location)"
+        }
+    }
+}
+
+/// Where the app keeps the OAuth tokens it holds for each user: a Redis hash per user
+/// (`field` = the app's token id, `value` = the token), and optionally an index hash the app
+/// keeps from `prefix:<first 16 chars>` and `sha512:<double SHA-512>` to `<user>/<token id>`.
+public struct TokenStoreSettings: Sendable, Hashable {
+    public var redisTarget: String
+    /// The per-user hash's key, with `{user}`.
+    public var hash: String
+    public var index: String?
+
+    public init(redisTarget: String, hash: String, index: String? = nil) {
+        self.redisTarget = redisTarget
+        self.hash = hash
+        self.index = index
+    }
+}
+
+/// How a provider subject becomes the local user id.
+public enum SubjectResolverSettings: Sendable, Hashable {
+    /// The provider's `sub` is the local user id.
+    case identity
+    /// A Redis string key (with placeholders such as `{iss}`, `{sub}`, `{email}`) holds the id.
+    case redis(target: String, key: String)
+    /// A query on a SQL target; `$1`… are bound to the parameters (placeholder texts).
+    case sql(target: String, query: String, parameters: [String])
+}
+
+public struct TargetSettingsError: Error, Sendable, Equatable, CustomStringConvertible {
+    public var message: String
+    public init(_ message: String) { self.message = message }
+    public var description: String { message }
+}

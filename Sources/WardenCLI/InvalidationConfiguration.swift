@@ -1,0 +1,300 @@
+import Foundation
+public import Invalidation
+import SecurityEvents
+import TokenVerification
+
+/// The `targets`, `token-stores`, `subjects` and `policy` sections: what Warden acts on and how.
+public struct InvalidationConfiguration: Sendable {
+    public var targets: [String: TargetSettings]
+    public var tokenStores: [String: TokenStoreSettings]
+    public var subjects: SubjectResolverSettings
+    /// The built-in policy with the configured entries replacing whole event types, keeping
+    /// only rules whose targets and stores exist.
+    public var policy: Policy
+    /// Built-in rules left out because their target or store is not configured.
+    public var leftOut: [(eventType: String, rule: PolicyRule)]
+
+    static func parse(_ root: ConfigReader) throws(ConfigError) -> InvalidationConfiguration {
+        var targets: [String: TargetSettings] = [:]
+        let targetsReader = root.child("targets")
+        for name in try targetsReader.keys() { targets[name] = try target(targetsReader.child(name)) }
+
+        var stores: [String: TokenStoreSettings] = [:]
+        let storesReader = root.child("token-stores")
+        for name in try storesReader.keys() {
+            let r = storesReader.child(name)
+            try r.requireOnly(["redis", "hash", "index"])
+            let target = try r.child("redis").requiredString()
+            guard case .redis? = targets[target] else {
+                throw r.child("redis").error("\"\(target)\" is not a redis target in targets:")
+            }
+            let hash = try r.child("hash").string() ?? "oauth-tokens:{user}"
+            try placeholders(hash, r.child("hash"))
+            stores[name] = TokenStoreSettings(redisTarget: target, hash: hash, index: try r.child("index").string())
+        }
+
+        let subjects = try resolver(root.child("subjects"), targets: targets)
+
+        var overrides: [String: [PolicyRule]] = [:]
+        let policyReader = root.child("policy")
+        for key in try policyReader.keys() {
+            let r = policyReader.child(key)
+            let definitions = EventCatalog.definitions(named: key)
+            let uris = definitions.isEmpty ? (key.contains("://") ? [key] : []) : Set(definitions.map(\.canonicalURI)).sorted()
+            guard !uris.isEmpty else {
+                throw r.error("unknown event type (use a short name such as sessions-revoked, or the full event-type URI)")
+            }
+            var rules: [PolicyRule] = []
+            for item in try r.list() { rules.append(try rule(item, targets: targets, stores: stores)) }
+            for uri in uris { overrides[uri] = rules }
+        }
+
+        // The configured entries are checked above; the built-in ones keep what can run here.
+        var conventional = Set<String>()
+        if case .redis? = targets[Policy.sessionsTarget] { conventional.insert(Policy.sessionsTarget) }
+        if case .webhook? = targets[Policy.appTarget] { conventional.insert(Policy.appTarget) }
+        let builtIn = Policy.builtIn.keepingOnly(targets: conventional, stores: Set(stores.keys))
+        let policy = builtIn.0.overridden(by: overrides)
+        let leftOut = builtIn.1.filter { overrides[$0.0] == nil }.map { (eventType: $0.0, rule: $0.1) }
+        return InvalidationConfiguration(targets: targets, tokenStores: stores, subjects: subjects, policy: policy,
+                                         leftOut: leftOut)
+    }
+
+    static func target(_ r: ConfigReader) throws(ConfigError) -> TargetSettings {
+        let kinds = ["redis", "revoke", "webhook", "sql"]
+        let keys = try r.keys()
+        guard keys.count == 1, let kind = keys.first, kinds.contains(kind) else {
+            try r.requireOnly(kinds)
+            throw r.error("a target is exactly one of: \(kinds.joined(separator: ", "))")
+        }
+        let c = r.child(kind)
+        switch kind {
+        case "redis":
+            // `redis: URL` or `redis: {url, password(-file), pool-size, timeout}`.
+            var endpoint: RedisEndpoint
+            if case .map = c.tree {
+                try c.requireOnly(["url", "password", "password-file", "pool-size", "timeout"])
+                endpoint = try redisURL(c.child("url"))
+                if let password = try c.secret("password") { endpoint.password = password }
+                if let size = try c.child("pool-size").string() {
+                    guard let n = Int(size), n > 0, n <= 64 else { throw c.child("pool-size").error("must be 1 to 64") }
+                    endpoint.poolSize = n
+                }
+                if let timeout = try WardenConfiguration.positive(c.child("timeout")) { endpoint.timeout = timeout }
+            } else {
+                endpoint = try redisURL(c)
+            }
+            return .redis(endpoint)
+        case "revoke":
+            try c.requireOnly(["endpoint", "auth", "client-id", "client-secret", "client-secret-file", "timeout"])
+            let url = try WardenConfiguration.url(c.child("endpoint"))
+            let auth = try c.child("auth").string() ?? "none"
+            let clientID = try c.child("client-id").string()
+            let secret = try c.secret("client-secret")
+            let authentication: RevocationEndpoint.ClientAuthentication
+            switch auth {
+            case "none":
+                if secret != nil { throw c.child("client-secret").error("a client secret needs auth client_secret_basic or client_secret_post") }
+                authentication = .none(clientID: clientID)
+            case "client_secret_basic", "client_secret_post":
+                guard let clientID else { throw c.child("client-id").error("is required with auth \(auth)") }
+                guard let secret else { throw c.child("client-secret-file").error("is required with auth \(auth)") }
+                authentication = auth == "client_secret_basic" ? .clientSecretBasic(clientID: clientID, secret: secret)
+                    : .clientSecretPost(clientID: clientID, secret: secret)
+            default:
+                throw c.child("auth").error("\"\(auth)\" is not one of none, client_secret_basic, client_secret_post")
+            }
+            return .revoke(RevocationEndpoint(url: url, authentication: authentication,
+                                              timeout: try WardenConfiguration.positive(c.child("timeout")) ?? 10))
+        case "webhook":
+            try c.requireOnly(["url", "hmac-secret", "hmac-secret-file", "timeout"])
+            let url = try WardenConfiguration.url(c.child("url"))
+            guard let secret = try c.secret("hmac-secret") else { throw c.child("hmac-secret-file").error("is required") }
+            return .webhook(WebhookEndpoint(url: url, hmacSecret: Array(secret.utf8),
+                                            timeout: try WardenConfiguration.positive(c.child("timeout")) ?? 10))
+        default:
+            let location = try c.requiredString()
+            guard location.hasPrefix("sqlite:") || location.hasPrefix("postgres://") || location.hasPrefix("postgresql://") else {
+                throw c.error("expected sqlite:PATH or postgres://user@host/database")
+            }
+            return .sql(location)
+        }
+    }
+
+    static func redisURL(_ r: ConfigReader) throws(ConfigError) -> RedisEndpoint {
+        let text = try r.requiredString()
+        switch RedisEndpoint.parse(text) {
+        case .success(let endpoint): return endpoint
+        case .failure(let error): throw r.error(error.message)
+        }
+    }
+
+    static func resolver(_ r: ConfigReader, targets: [String: TargetSettings]) throws(ConfigError) -> SubjectResolverSettings {
+        try r.requireOnly(["resolve"])
+        let c = r.child("resolve")
+        if !c.isPresent { return .identity }
+        if case .scalar = c.tree {
+            guard try c.string() == "identity" else { throw c.error("expected identity, {redis: …} or {sql: …}") }
+            return .identity
+        }
+        try c.requireOnly(["redis", "sql", "target", "key", "parameters"])
+        if c.child("redis").isPresent {
+            let target = try c.child("redis").requiredString()
+            guard case .redis? = targets[target] else { throw c.child("redis").error("\"\(target)\" is not a redis target in targets:") }
+            let key = try c.child("key").requiredString()
+            try placeholders(key, c.child("key"), allowUser: false)
+            return .redis(target: target, key: key)
+        }
+        let query = try c.child("sql").requiredString()
+        let target = try c.child("target").requiredString()
+        guard case .sql? = targets[target] else { throw c.child("target").error("\"\(target)\" is not a sql target in targets:") }
+        let parameters = try c.child("parameters").stringList() ?? ["{sub}"]
+        for (i, parameter) in parameters.enumerated() {
+            try placeholders(parameter, c.child("parameters").child(String(i)), allowUser: false)
+        }
+        return .sql(target: target, query: query, parameters: parameters)
+    }
+
+    static func rule(_ r: ConfigReader, targets: [String: TargetSettings], stores: [String: TokenStoreSettings])
+        throws(ConfigError) -> PolicyRule
+    {
+        try r.requireOnly(["when"] + StepAction.kinds)
+        let kinds = try r.keys().filter { $0 != "when" }
+        guard kinds.count == 1, let kind = kinds.first else {
+            throw r.error("each policy entry is one step: \(StepAction.kinds.joined(separator: ", ")), with an optional when:")
+        }
+        var when: Condition? = nil
+        let w = r.child("when")
+        if w.isPresent {
+            var claims: [(name: String, match: Condition.Match)] = []
+            for name in try w.keys() {
+                let values = try w.child(name).stringList() ?? []
+                if values == ["none"] { claims.append((name, .absent)) }
+                else if values == ["any"] { claims.append((name, .present)) }
+                else if values.isEmpty { throw w.child(name).error("expected a value, a list of values, none or any") }
+                else { claims.append((name, .oneOf(values))) }
+            }
+            when = Condition(claims)
+        }
+        let s = r.child(kind)
+        func target(_ expected: String) throws(ConfigError) -> String {
+            let name = try s.child("target").requiredString()
+            guard let settings = targets[name] else { throw s.child("target").error("no target named \"\(name)\" in targets:") }
+            guard settings.kind == expected else {
+                throw s.child("target").error("\(kind) needs a \(expected) target; \"\(name)\" is \(settings.kind)")
+            }
+            return name
+        }
+        func store() throws(ConfigError) -> String {
+            let name = try s.child("store").requiredString()
+            guard stores[name] != nil else { throw s.child("store").error("no token store named \"\(name)\" in token-stores:") }
+            return name
+        }
+        func template(_ key: String) throws(ConfigError) -> String {
+            let text = try s.child(key).requiredString()
+            try placeholders(text, s.child(key))
+            return text
+        }
+        let action: StepAction
+        switch kind {
+        case "purge-set":
+            try s.requireOnly(["target", "set"])
+            action = .purgeSet(target: try target("redis"), set: try template("set"))
+        case "purge-keys":
+            try s.requireOnly(["target", "keys"])
+            let keys = try s.child("keys").stringList() ?? []
+            guard !keys.isEmpty else { throw s.child("keys").error("list at least one key") }
+            for (i, key) in keys.enumerated() { try placeholders(key, s.child("keys").child(String(i))) }
+            action = .purgeKeys(target: try target("redis"), keys: keys)
+        case "purge-pattern":
+            try s.requireOnly(["target", "pattern"])
+            let pattern = try template("pattern")
+            guard pattern.contains("{") else {
+                throw s.child("pattern").error("a pattern without a placeholder would purge the same keys for every event")
+            }
+            action = .purgePattern(target: try target("redis"), pattern: pattern)
+        case "set-flag":
+            try s.requireOnly(["target", "key", "value", "ttl"])
+            let value = try s.child("value").string() ?? "1"
+            try placeholders(value, s.child("value"))
+            action = .setFlag(target: try target("redis"), key: try template("key"), value: value,
+                              ttl: try WardenConfiguration.positive(s.child("ttl")))
+        case "delete-token":
+            try s.requireOnly(["store"])
+            action = .deleteToken(store: try store())
+        case "delete-tokens":
+            try s.requireOnly(["store"])
+            action = .deleteTokens(store: try store())
+        case "revoke-tokens":
+            try s.requireOnly(["store", "target", "token-type-hint"])
+            let hint = try s.child("token-type-hint").string()
+            if let hint, !["access_token", "refresh_token"].contains(hint) {
+                throw s.child("token-type-hint").error("expected access_token or refresh_token")
+            }
+            action = .revokeTokens(store: try store(), target: try target("revoke"), tokenTypeHint: hint)
+        case "notify":
+            try s.requireOnly(["target"])
+            action = .notify(target: try target("webhook"))
+        default:
+            try s.requireOnly(["target", "statement", "parameters"])
+            let parameters = try s.child("parameters").stringList() ?? []
+            for (i, parameter) in parameters.enumerated() { try placeholders(parameter, s.child("parameters").child(String(i))) }
+            action = .sql(target: try target("sql"), statement: try s.child("statement").requiredString(), parameters: parameters)
+        }
+        return PolicyRule(when: when, action)
+    }
+
+    /// Refuses unknown placeholders (and `{user}` where no user is known yet).
+    static func placeholders(_ text: String, _ r: ConfigReader, allowUser: Bool = true) throws(ConfigError) {
+        for name in Planner.placeholderNames(in: text) {
+            guard Planner.placeholders.contains(name), allowUser || name != "user" else {
+                let known = Planner.placeholders.subtracting(allowUser ? [] : ["user"]).sorted().map { "{\($0)}" }
+                throw r.error("unknown placeholder {\(name)} (known: \(known.joined(separator: ", ")))")
+            }
+        }
+    }
+}
+
+extension InvalidationConfiguration {
+    /// The plan text `warden check-config` prints: each event type's steps, in order.
+    public var planDescription: String {
+        var lines: [String] = []
+        for (uri, rules) in policy.rules.sorted(by: { Self.shortName($0.key) < Self.shortName($1.key) }) {
+            lines.append("  \(Self.shortName(uri))")
+            if rules.isEmpty {
+                let needsTargets = leftOut.contains { $0.eventType == uri }
+                lines.append(needsTargets ? "    (recorded; no steps: the built-in ones need targets not configured, see below)"
+                    : "    (recorded; no steps)")
+            }
+            for (i, rule) in rules.enumerated() {
+                lines.append("    \(i + 1). \(Self.describe(rule.action))\(rule.when.map { "  when \($0.description)" } ?? "")")
+            }
+        }
+        lines.append("  any other event type: recorded, no steps, counted as unknown")
+        return lines.joined(separator: "\n")
+    }
+
+    /// `risc:sessions-revoked`, `caep:session-revoked`, …; the URI when no prefix is known.
+    static func shortName(_ uri: String) -> String {
+        let prefixes = [("risc", EventURIPrefix.risc), ("oauth", EventURIPrefix.oauth), ("caep", EventURIPrefix.caep),
+                        ("ssf", EventURIPrefix.ssf)]
+        for (name, prefix) in prefixes where uri.hasPrefix(prefix) { return name + ":" + uri.dropFirst(prefix.count) }
+        if uri == EventURIPrefix.backchannelLogout { return "backchannel-logout" }
+        return uri
+    }
+
+    static func describe(_ action: StepAction) -> String {
+        switch action {
+        case .purgeSet(let t, let set): "purge-set \(set) on \(t)"
+        case .purgeKeys(let t, let keys): "purge-keys \(keys.joined(separator: " ")) on \(t)"
+        case .purgePattern(let t, let pattern): "purge-pattern \(pattern) on \(t)"
+        case .setFlag(let t, let key, let value, let ttl): "set-flag \(key)=\(value)\(ttl.map { " ttl \(Int($0))s" } ?? "") on \(t)"
+        case .deleteToken(let store): "delete-token (the token the event names) from store \(store)"
+        case .deleteTokens(let store): "delete-tokens (every token held for {user}) from store \(store)"
+        case .revokeTokens(let store, let t, let hint):
+            "revoke-tokens held in store \(store) at \(t)\(hint.map { " (hint \($0))" } ?? ""), then delete them"
+        case .notify(let t): "notify \(t)"
+        case .sql(let t, let statement, let parameters): "sql on \(t): \(statement) [\(parameters.joined(separator: ", "))]"
+        }
+    }
+}

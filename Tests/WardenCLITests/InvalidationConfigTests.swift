@@ -1,0 +1,144 @@
+import Foundation
+import Invalidation
+import SecurityEvents
+import Testing
+@testable import WardenCLI
+
+@Suite("Targets, token stores, subjects and policy in the configuration")
+struct InvalidationConfigTests {
+    static let issuer = """
+        issuers:
+          - issuer: https://accounts.google.com/
+            jwks-uri: https://www.googleapis.com/oauth2/v3/certs
+            audiences: [app]
+
+        """
+
+    func parse(_ yaml: String, files: [String: String] = [:]) throws(ConfigError) -> InvalidationConfiguration {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("warden-config-\(UUID().uuidString)")
+        try? FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        for (name, contents) in files { try? contents.write(to: directory.appendingPathComponent(name), atomically: true, encoding: .utf8) }
+        return try WardenConfiguration.parse(yaml: Self.issuer + yaml, baseDirectory: directory).invalidation
+    }
+
+    func error(_ yaml: String, files: [String: String] = [:]) -> String {
+        do {
+            _ = try parse(yaml, files: files)
+            return "no error"
+        } catch {
+            return error.description
+        }
+    }
+
+    @Test func theDesignSketchParses() throws {
+        let c = try parse("""
+            subjects:
+              resolve: {redis: sessions, key: "user-by-sub:{iss}|{sub}"}
+            targets:
+              sessions: {redis: "redis://127.0.0.1:6379/2"}
+              google-revoke: {revoke: {endpoint: "https://oauth2.googleapis.com/revoke", auth: none}}
+              app-revoke: {revoke: {endpoint: "https://auth.internal/oauth/revoke", auth: client_secret_basic,
+                           client-id: warden, client-secret-file: revoke.secret}}
+              app: {webhook: {url: "http://127.0.0.1:9000/hooks/security", hmac-secret-file: hook.secret}}
+            token-stores:
+              google-tokens: {redis: sessions, hash: "oauth-tokens:{user}", index: "oauth-token-index"}
+            policy:
+              sessions-revoked:
+                - purge-set: {target: sessions, set: "user-sessions:{user}"}
+              tokens-revoked:
+                - purge-set: {target: sessions, set: "user-sessions:{user}"}
+                - revoke-tokens: {store: google-tokens, target: google-revoke}
+              token-revoked:
+                - delete-token: {store: google-tokens}
+              account-disabled:
+                - when: {reason: hijacking}
+                  purge-set: {target: sessions, set: "user-sessions:{user}"}
+                - when: {reason: none}
+                  set-flag: {target: sessions, key: "signin-disabled:{user}", ttl: 30d}
+                - notify: {target: app}
+            """, files: ["revoke.secret": "s3cret\n", "hook.secret": "hook-key"])
+        #expect(c.targets["sessions"] == .redis(RedisEndpoint(host: "127.0.0.1", port: 6379, database: 2)))
+        guard case .revoke(let appRevoke)? = c.targets["app-revoke"] else { Issue.record("app-revoke"); return }
+        #expect(appRevoke.authentication == .clientSecretBasic(clientID: "warden", secret: "s3cret"))
+        guard case .webhook(let hook)? = c.targets["app"] else { Issue.record("app"); return }
+        #expect(hook.hmacSecret == Array("hook-key".utf8))
+        #expect(c.subjects == .redis(target: "sessions", key: "user-by-sub:{iss}|{sub}"))
+        #expect(c.tokenStores["google-tokens"] == TokenStoreSettings(redisTarget: "sessions", hash: "oauth-tokens:{user}",
+                                                                      index: "oauth-token-index"))
+        #expect(c.policy.rules(for: .tokensRevoked) == [
+            PolicyRule(.purgeSet(target: "sessions", set: "user-sessions:{user}")),
+            PolicyRule(.revokeTokens(store: "google-tokens", target: "google-revoke", tokenTypeHint: nil)),
+        ])
+        #expect(c.policy.rules(for: .accountDisabled)?[1] == PolicyRule(
+            when: Condition([("reason", .absent)]), .setFlag(target: "sessions", key: "signin-disabled:{user}", value: "1", ttl: 30 * 86_400)))
+        // Not configured here: the built-in default stays, with its targets present.
+        #expect(c.policy.rules(for: .accountEnabled) == Policy.builtIn.rules(for: .accountEnabled))
+        // The built-in default's "tokens" store does not exist: its steps are left out, and said so.
+        #expect(c.leftOut.contains { $0.rule.action == .deleteTokens(store: "tokens") })
+        #expect(!c.planDescription.contains("s3cret"))
+    }
+
+    @Test func verificationNamesBothTheRISCAndTheSSFEvent() throws {
+        let c = try parse("""
+            targets: {app: {webhook: {url: "https://app.example/hook", hmac-secret: k}}}
+            policy:
+              verification: [{notify: {target: app}}]
+            """)
+        #expect(c.policy.rules(for: .riscVerification) == [PolicyRule(.notify(target: "app"))])
+        #expect(c.policy.rules(for: .ssfVerification) == [PolicyRule(.notify(target: "app"))])
+    }
+
+    @Test func errorsNameTheKeyAtFault() {
+        let sessions = "targets: {sessions: {redis: \"redis://127.0.0.1/0\"}}\n"
+        #expect(error("policy: {session-revoked-typo: []}").contains("policy.session-revoked-typo: unknown event type"))
+        #expect(error(sessions + "policy: {sessions-revoked: [{purge-set: {target: cache, set: x}}]}")
+            .contains("policy.sessions-revoked[0].purge-set.target: no target named \"cache\""))
+        #expect(error(sessions + "policy: {sessions-revoked: [{notify: {target: sessions}}]}")
+            .contains("notify needs a webhook target; \"sessions\" is redis"))
+        #expect(error(sessions + "policy: {sessions-revoked: [{purge-set: {target: sessions, set: \"s:{usr}\"}}]}")
+            .contains("policy.sessions-revoked[0].purge-set.set: unknown placeholder {usr}"))
+        #expect(error(sessions + "policy: {sessions-revoked: [{purge-pattern: {target: sessions, pattern: \"s:*\"}}]}")
+            .contains("without a placeholder"))
+        #expect(error(sessions + "policy: {sessions-revoked: [{purge-set: {target: sessions, set: x}, notify: {target: app}}]}")
+            .contains("each policy entry is one step"))
+        #expect(error(sessions + "policy: {sessions-revoked: [{purge-sets: {target: sessions, set: x}}]}")
+            .contains("unknown key (did you mean \"purge-set\"?)"))
+        #expect(error("targets: {s: {redis: \"rediss://h:6380\"}}").contains("targets.s.redis: TLS to Redis"))
+        #expect(error("targets: {s: {redis: \"redis://h/zero\"}}").contains("targets.s.redis: the database number"))
+        #expect(error("targets: {s: {memcached: x}}").contains("targets.s.memcached: unknown key"))
+        #expect(error("targets: {r: {revoke: {endpoint: \"http://auth.example/revoke\"}}}")
+            .contains("targets.r.revoke.endpoint: \"http://auth.example/revoke\" must use https"))
+        #expect(error("targets: {r: {revoke: {endpoint: \"https://a/r\", auth: client_secret_post, client-id: w}}}")
+            .contains("targets.r.revoke.client-secret-file: is required with auth client_secret_post"))
+        let both = error("targets: {r: {revoke: {endpoint: \"https://a/r\", auth: client_secret_basic, client-id: w, client-secret: hunter2, client-secret-file: f}}}")
+        #expect(both.contains("give either client-secret or client-secret-file") && !both.contains("hunter2"))
+        #expect(error("targets: {r: {revoke: {endpoint: \"https://a/r\", auth: private_key_jwt}}}")
+            .contains("\"private_key_jwt\" is not one of none, client_secret_basic, client_secret_post"))
+        #expect(error(sessions + "token-stores: {t: {redis: nope}}").contains("token-stores.t.redis: \"nope\" is not a redis target"))
+        #expect(error(sessions + "subjects: {resolve: {redis: sessions, key: \"u:{user}\"}}")
+            .contains("subjects.resolve.key: unknown placeholder {user}"))
+        #expect(error("subjects: {resolve: lookup}").contains("subjects.resolve: expected identity"))
+    }
+
+    @Test func checkConfigPrintsThePlanAndExitsZero() throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("warden-check-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let config = directory.appendingPathComponent("warden.yaml")
+        try (Self.issuer + """
+            targets:
+              sessions: {redis: "redis://127.0.0.1:6379/0"}
+            """).write(to: config, atomically: true, encoding: .utf8)
+        let out = try Warden.run(["check-config", "--config", config.path])
+        #expect(out.status == 0)
+        #expect(out.stdout.contains("risc:sessions-revoked\n    1. purge-set user-sessions:{user} on sessions"))
+        #expect(out.stdout.contains("risc:account-disabled\n    1. purge-set user-sessions:{user} on sessions  when reason: hijacking\n    2. set-flag signin-disabled:{user}=1 on sessions  when reason: none"))
+        #expect(out.stdout.contains("risc:sessions-revoked: notify app  — needs target \"app\""))
+
+        try (Self.issuer + "policy: {sessions-revoked: [{notify: {target: app}}]}").write(to: config, atomically: true, encoding: .utf8)
+        let bad = try Warden.run(["check-config", "--config", config.path])
+        #expect(bad.status == 2)
+        #expect(bad.stderr.contains("policy.sessions-revoked[0].notify.target: no target named \"app\""))
+    }
+}
