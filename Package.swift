@@ -72,6 +72,18 @@ let package = Package(
             dependencies: [.product(name: "GRDB", package: "GRDB.swift")],
             swiftSettings: strict
         ),
+        // Debian's libhiredis-dev, and one thin Swift client over it (pool, pipelining, AUTH,
+        // database, reconnect). Knows nothing about security events.
+        .systemLibrary(
+            name: "CHiredis",
+            // The headers are in /usr/include; hiredis's pkg-config flags add nothing needed.
+            providers: [.apt(["libhiredis-dev"])]
+        ),
+        .target(
+            name: "Redis",
+            dependencies: ["CHiredis"],
+            swiftSettings: strict
+        ),
         // Policy (event type → steps), the pure planner, and the executors that act on targets.
         .target(
             name: "Invalidation",
@@ -171,6 +183,11 @@ let package = Package(
         .testTarget(
             name: "KafkaTests",
             dependencies: ["Kafka", .product(name: "Logging", package: "swift-log")],
+            swiftSettings: testSettings
+        ),
+        .testTarget(
+            name: "RedisTests",
+            dependencies: ["Redis", "WardenTestSupport"],
             swiftSettings: testSettings
         ),
         .testTarget(

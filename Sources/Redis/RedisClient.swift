@@ -1,0 +1,285 @@
+internal import CHiredis
+import Dispatch
+import Foundation
+import Synchronization
+
+/// A reply from Redis.
+public enum RedisReply: Sendable, Hashable {
+    case string([UInt8])
+    case status(String)
+    case integer(Int64)
+    case array([RedisReply])
+    case null
+    /// An error reply (`-ERR …`, `-WRONGTYPE …`): the command reached the server and failed there.
+    case error(String)
+
+    /// The reply as text (bulk string or status).
+    public var text: String? {
+        switch self {
+        case .string(let bytes): String(decoding: bytes, as: UTF8.self)
+        case .status(let s): s
+        default: nil
+        }
+    }
+
+    public var integer: Int64? {
+        if case .integer(let n) = self { return n }
+        return nil
+    }
+
+    public var array: [RedisReply]? {
+        if case .array(let items) = self { return items }
+        return nil
+    }
+}
+
+/// Why a command did not get a reply. `isRetryable` is true for connection problems (the
+/// server may be back soon), false for what the server refused (wrong password, bad database).
+public struct RedisError: Error, Sendable, CustomStringConvertible {
+    public var message: String
+    public var isRetryable: Bool
+
+    public init(_ message: String, retryable: Bool) {
+        self.message = message
+        self.isRetryable = retryable
+    }
+
+    public var description: String { message }
+}
+
+/// Where the server is and how to sign in.
+public struct RedisConnectionSettings: Sendable, Hashable {
+    public var host: String
+    public var port: Int
+    public var database: Int
+    public var username: String?
+    public var password: String?
+    /// Connections kept open. Default 4.
+    public var poolSize: Int
+    /// Connect and per-command timeout, seconds. Default 5.
+    public var timeout: Double
+
+    public init(host: String, port: Int, database: Int = 0, username: String? = nil, password: String? = nil,
+                poolSize: Int = 4, timeout: Double = 5) {
+        self.host = host
+        self.port = port
+        self.database = database
+        self.username = username
+        self.password = password
+        self.poolSize = poolSize
+        self.timeout = timeout
+    }
+}
+
+/// A Redis client over hiredis: a pool of blocking connections, each used by one caller at a
+/// time on a thread outside Swift's cooperative pool. Commands sent together are pipelined
+/// (written at once, replies read in order). A connection that fails is closed and opened
+/// again (with AUTH and SELECT) on its next use; the failed call reports a retryable error and
+/// is not repeated here — the caller decides, since only it knows whether a retry is safe.
+public final class RedisClient: Sendable {
+    public let settings: RedisConnectionSettings
+    private let pool: Mutex<Pool>
+    private let queue = DispatchQueue(label: "warden.redis", attributes: .concurrent)
+
+    private struct Pool {
+        var idle: [Connection] = []
+        var created = 0
+        var waiters: [CheckedContinuation<Connection, any Error>] = []
+        var closed = false
+    }
+
+    public init(settings: RedisConnectionSettings) {
+        self.settings = settings
+        self.pool = Mutex(Pool())
+    }
+
+    /// Sends one command (`["SET", key, value]`) and returns its reply.
+    public func send(_ command: [String]) async throws(RedisError) -> RedisReply {
+        try await pipeline([command.map { Array($0.utf8) }])[0]
+    }
+
+    /// Sends commands in one write and returns their replies, in order. An error reply is a
+    /// reply (`.error`), not a thrown error.
+    public func pipeline(_ commands: [[String]]) async throws(RedisError) -> [RedisReply] {
+        try await pipeline(commands.map { $0.map { Array($0.utf8) } })
+    }
+
+    /// Commands whose arguments are bytes.
+    public func pipeline(_ commands: [[[UInt8]]]) async throws(RedisError) -> [RedisReply] {
+        guard !commands.isEmpty else { return [] }
+        let connection = try await checkOut()
+        let result: Result<[RedisReply], RedisError> = await withCheckedContinuation { continuation in
+            queue.async { continuation.resume(returning: connection.run(commands, settings: self.settings)) }
+        }
+        checkIn(connection)
+        return try result.get()
+    }
+
+    /// Closes every connection; calls after this fail.
+    public func close() {
+        let (idle, waiters) = pool.withLock { p -> ([Connection], [CheckedContinuation<Connection, any Error>]) in
+            p.closed = true
+            defer { p.idle = []; p.waiters = [] }
+            return (p.idle, p.waiters)
+        }
+        for connection in idle { connection.disconnect() }
+        for waiter in waiters { waiter.resume(throwing: RedisError("the Redis client is closed", retryable: false)) }
+    }
+
+    private func checkOut() async throws(RedisError) -> Connection {
+        do {
+            return try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Connection, any Error>) in
+                enum Action { case give(Connection), fail, wait }
+                let action = pool.withLock { p -> Action in
+                    if p.closed { return .fail }
+                    if let connection = p.idle.popLast() { return .give(connection) }
+                    if p.created < settings.poolSize {
+                        p.created += 1
+                        return .give(Connection())
+                    }
+                    p.waiters.append(continuation)
+                    return .wait
+                }
+                switch action {
+                case .give(let connection): continuation.resume(returning: connection)
+                case .fail: continuation.resume(throwing: RedisError("the Redis client is closed", retryable: false))
+                case .wait: break
+                }
+            }
+        } catch let error as RedisError {
+            throw error
+        } catch {
+            throw RedisError("\(error)", retryable: false)
+        }
+    }
+
+    private func checkIn(_ connection: Connection) {
+        let (waiter, closed) = pool.withLock { p -> (CheckedContinuation<Connection, any Error>?, Bool) in
+            if p.closed { return (nil, true) }
+            if !p.waiters.isEmpty { return (p.waiters.removeFirst(), false) }
+            p.idle.append(connection)
+            return (nil, false)
+        }
+        if closed { connection.disconnect() }
+        waiter?.resume(returning: connection)
+    }
+}
+
+/// One hiredis connection, opened lazily and reopened after a failure.
+///
+/// `@unchecked Sendable`: the pool hands a connection to one caller at a time (checked out
+/// under the pool's lock, checked back in after use), so its context is never touched by two
+/// threads at once.
+final class Connection: @unchecked Sendable {
+    private var context: UnsafeMutablePointer<redisContext>?
+
+    deinit { disconnect() }
+
+    func disconnect() {
+        if let context { redisFree(context) }
+        context = nil
+    }
+
+    func run(_ commands: [[[UInt8]]], settings: RedisConnectionSettings) -> Result<[RedisReply], RedisError> {
+        do throws(RedisError) {
+            let context = try connected(settings)
+            for command in commands { try append(command, to: context) }
+            var replies: [RedisReply] = []
+            replies.reserveCapacity(commands.count)
+            for _ in commands { replies.append(try reply(from: context)) }
+            return .success(replies)
+        } catch {
+            // The connection's state is unknown (half-read replies): start afresh next time.
+            disconnect()
+            return .failure(error)
+        }
+    }
+
+    private func connected(_ settings: RedisConnectionSettings) throws(RedisError) -> UnsafeMutablePointer<redisContext> {
+        if let context { return context }
+        let whole = settings.timeout.rounded(.down)
+        let timeout = timeval(tv_sec: Int(whole), tv_usec: Int((settings.timeout - whole) * 1_000_000))
+        guard let opened = redisConnectWithTimeout(settings.host, Int32(settings.port), timeout) else {
+            throw RedisError("cannot connect to Redis at \(settings.host):\(settings.port): out of memory", retryable: true)
+        }
+        if opened.pointee.err != 0 {
+            let message = Self.errorText(opened)
+            redisFree(opened)
+            throw RedisError("cannot connect to Redis at \(settings.host):\(settings.port): \(message)", retryable: true)
+        }
+        redisSetTimeout(opened, timeout)
+        redisEnableKeepAlive(opened)
+        context = opened
+        var setup: [[[UInt8]]] = []
+        if let password = settings.password {
+            let auth = settings.username.map { ["AUTH", $0, password] } ?? ["AUTH", password]
+            setup.append(auth.map { Array($0.utf8) })
+        }
+        if settings.database != 0 { setup.append(["SELECT", String(settings.database)].map { Array($0.utf8) }) }
+        for command in setup { try append(command, to: opened) }
+        for (i, _) in setup.enumerated() {
+            if case .error(let message) = try reply(from: opened) {
+                disconnect()
+                // Never echo the password: say which step failed and the server's words.
+                let step = i == 0 && settings.password != nil ? "AUTH" : "SELECT \(settings.database)"
+                throw RedisError("Redis at \(settings.host):\(settings.port) refused \(step): \(message)", retryable: false)
+            }
+        }
+        return opened
+    }
+
+    private func append(_ command: [[UInt8]], to context: UnsafeMutablePointer<redisContext>) throws(RedisError) {
+        // hiredis copies the arguments into its output buffer before returning.
+        let lengths = command.map(\.count)
+        let pointers = command.map { bytes -> UnsafeMutablePointer<CChar> in
+            let p = UnsafeMutablePointer<CChar>.allocate(capacity: max(bytes.count, 1))
+            bytes.withUnsafeBufferPointer { b in
+                if let base = b.baseAddress { p.withMemoryRebound(to: UInt8.self, capacity: bytes.count) { $0.update(from: base, count: bytes.count) } }
+            }
+            return p
+        }
+        defer { for p in pointers { p.deallocate() } }
+        var argv = pointers.map { UnsafePointer<CChar>?(UnsafePointer($0)) }
+        let status = argv.withUnsafeMutableBufferPointer { argvBuffer in
+            lengths.withUnsafeBufferPointer { lengthBuffer in
+                redisAppendCommandArgv(context, Int32(command.count), argvBuffer.baseAddress, lengthBuffer.baseAddress)
+            }
+        }
+        if status != REDIS_OK { throw RedisError("Redis: \(Self.errorText(context))", retryable: true) }
+    }
+
+    private func reply(from context: UnsafeMutablePointer<redisContext>) throws(RedisError) -> RedisReply {
+        var raw: UnsafeMutableRawPointer? = nil
+        guard redisGetReply(context, &raw) == REDIS_OK, let raw else {
+            throw RedisError("Redis: \(Self.errorText(context))", retryable: true)
+        }
+        defer { freeReplyObject(raw) }
+        return Self.convert(raw.assumingMemoryBound(to: redisReply.self))
+    }
+
+    private static func convert(_ reply: UnsafeMutablePointer<redisReply>) -> RedisReply {
+        let r = reply.pointee
+        func bytes() -> [UInt8] {
+            guard let str = r.str, r.len > 0 else { return [] }
+            return Array(UnsafeRawBufferPointer(start: str, count: Int(r.len)))
+        }
+        switch r.type {
+        case REDIS_REPLY_STRING: return .string(bytes())
+        case REDIS_REPLY_STATUS: return .status(String(decoding: bytes(), as: UTF8.self))
+        case REDIS_REPLY_ERROR: return .error(String(decoding: bytes(), as: UTF8.self))
+        case REDIS_REPLY_INTEGER: return .integer(r.integer)
+        case REDIS_REPLY_ARRAY:
+            var items: [RedisReply] = []
+            for i in 0..<Int(r.elements) { if let element = r.element[i] { items.append(convert(element)) } }
+            return .array(items)
+        default: return .null
+        }
+    }
+
+    private static func errorText(_ context: UnsafeMutablePointer<redisContext>) -> String {
+        let text = withUnsafeBytes(of: context.pointee.errstr) { raw in
+            String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
+        }
+        return text.isEmpty ? "connection error \(context.pointee.err)" : text
+    }
+}

@@ -1,0 +1,109 @@
+import Foundation
+
+/// A real `redis-server` on a free loopback port, in a temporary folder, with persistence off.
+/// It can be stopped and started again on the same port (to test reconnects), and may require
+/// a password.
+public final class RedisServer: @unchecked Sendable {
+    // `@unchecked Sendable`: `process` is replaced only by `start`/`stop`, which a test calls
+    // from one task; the other properties are constants.
+    public let port: Int
+    public let password: String?
+    private let directory: URL
+    private var process: Process?
+
+    public init(password: String? = nil) throws {
+        self.port = try freeLoopbackPort()
+        self.password = password
+        directory = FileManager.default.temporaryDirectory.appendingPathComponent("warden-redis-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        try start()
+    }
+
+    deinit {
+        stop()
+        try? FileManager.default.removeItem(at: directory)
+    }
+
+    public func start() throws {
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: "/usr/bin/redis-server")
+        var arguments = ["--port", String(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                         "--dir", directory.path, "--daemonize", "no", "--loglevel", "warning"]
+        if let password { arguments += ["--requirepass", password] }
+        p.arguments = arguments
+        p.standardOutput = FileHandle.nullDevice
+        p.standardError = FileHandle.nullDevice
+        try p.run()
+        process = p
+        // Ready when it accepts connections.
+        for _ in 0..<200 {
+            if canConnect(port: port) { return }
+            usleep(25_000)
+        }
+        throw TestServerError("redis-server did not start on port \(port)")
+    }
+
+    /// Kills the server at once (SIGKILL: a child of the test process may inherit a mask that
+    /// blocks SIGTERM, and a crash is what the tests want to survive anyway).
+    public func stop() {
+        guard let process else { return }
+        kill(process.processIdentifier, SIGKILL)
+        process.waitUntilExit()
+        self.process = nil
+    }
+
+    /// Runs `redis-cli` against this server (as an independent client would) and returns its output.
+    public func cli(_ arguments: [String]) throws -> String {
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: "/usr/bin/redis-cli")
+        var env = ProcessInfo.processInfo.environment
+        if let password { env["REDISCLI_AUTH"] = password }
+        p.environment = env
+        p.arguments = ["-h", "127.0.0.1", "-p", String(port)] + arguments
+        let out = Pipe()
+        p.standardOutput = out
+        p.standardError = FileHandle.nullDevice
+        try p.run()
+        let data = out.fileHandleForReading.readDataToEndOfFile()
+        p.waitUntilExit()
+        return String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+    }
+}
+
+public struct TestServerError: Error, CustomStringConvertible {
+    public var description: String
+    public init(_ description: String) { self.description = description }
+}
+
+/// A loopback TCP port nobody listens on right now.
+public func freeLoopbackPort() throws -> Int {
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    guard fd >= 0 else { throw TestServerError("socket() failed") }
+    defer { close(fd) }
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_port = 0
+    address.sin_addr.s_addr = inet_addr("127.0.0.1")
+    let bound = withUnsafePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+    }
+    guard bound == 0 else { throw TestServerError("bind() failed") }
+    var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+    _ = withUnsafeMutablePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
+    }
+    return Int(UInt16(bigEndian: address.sin_port))
+}
+
+func canConnect(port: Int) -> Bool {
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    guard fd >= 0 else { return false }
+    defer { close(fd) }
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_port = in_port_t(UInt16(port).bigEndian)
+    address.sin_addr.s_addr = inet_addr("127.0.0.1")
+    return withUnsafePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+    } == 0
+}

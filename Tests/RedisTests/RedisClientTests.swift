@@ -1,0 +1,89 @@
+import Foundation
+import Redis
+import Testing
+import WardenTestSupport
+
+@Suite("Redis client over hiredis, against a real redis-server")
+struct RedisClientTests {
+    @Test func commandsAndPipelinedReplies() async throws {
+        let server = try RedisServer()
+        let client = RedisClient(settings: .init(host: "127.0.0.1", port: server.port))
+        defer { client.close() }
+        #expect(try await client.send(["SET", "k", "v"]) == .status("OK"))
+        let replies = try await client.pipeline([["GET", "k"], ["SADD", "s", "a", "b"], ["SMEMBERS", "s"], ["GET", "missing"],
+                                                 ["INCR", "k"]])
+        #expect(replies[0] == .string(Array("v".utf8)))
+        #expect(replies[1] == .integer(2))
+        #expect(Set(replies[2].array?.compactMap(\.text) ?? []) == ["a", "b"])
+        #expect(replies[3] == .null)
+        guard case .error(let message) = replies[4] else { Issue.record("INCR on a string must fail"); return }
+        #expect(message.contains("not an integer"))
+        // Another client sees what this one wrote.
+        #expect(try server.cli(["SCARD", "s"]) == "2")
+    }
+
+    @Test func binaryValuesRoundTrip() async throws {
+        let server = try RedisServer()
+        let client = RedisClient(settings: .init(host: "127.0.0.1", port: server.port))
+        defer { client.close() }
+        let value: [UInt8] = [0, 1, 2, 0xFF, 0x0D, 0x0A, 0]
+        _ = try await client.pipeline([[Array("SET".utf8), Array("bin".utf8), value]])
+        #expect(try await client.send(["GET", "bin"]) == .string(value))
+    }
+
+    @Test func passwordAndDatabaseNumber() async throws {
+        let server = try RedisServer(password: "correct horse")
+        let client = RedisClient(settings: .init(host: "127.0.0.1", port: server.port, database: 3, password: "correct horse"))
+        defer { client.close() }
+        _ = try await client.send(["SET", "in-three", "1"])
+        #expect(try server.cli(["-n", "3", "EXISTS", "in-three"]) == "1")
+        #expect(try server.cli(["-n", "0", "EXISTS", "in-three"]) == "0")
+
+        let wrong = RedisClient(settings: .init(host: "127.0.0.1", port: server.port, password: "wrong horse"))
+        defer { wrong.close() }
+        do {
+            _ = try await wrong.send(["PING"])
+            Issue.record("a wrong password must fail")
+        } catch {
+            #expect(!error.isRetryable)
+            #expect(error.message.contains("refused AUTH"))
+            #expect(!error.message.contains("wrong horse"))
+        }
+    }
+
+    @Test func reconnectsAfterTheServerRestarts() async throws {
+        let server = try RedisServer()
+        let client = RedisClient(settings: .init(host: "127.0.0.1", port: server.port, poolSize: 2, timeout: 2))
+        defer { client.close() }
+        #expect(try await client.send(["PING"]) == .status("PONG"))
+        server.stop()
+        do {
+            _ = try await client.send(["PING"])
+            Issue.record("a stopped server must not answer")
+        } catch {
+            #expect(error.isRetryable)
+        }
+        try server.start()
+        // The broken connection was dropped; the next call opens a new one.
+        var answered = false
+        for _ in 0..<3 where !answered {
+            answered = (try? await client.send(["PING"])) == .status("PONG")
+        }
+        #expect(answered)
+    }
+
+    @Test func manyConcurrentCallersShareThePool() async throws {
+        let server = try RedisServer()
+        let client = RedisClient(settings: .init(host: "127.0.0.1", port: server.port, poolSize: 3))
+        defer { client.close() }
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for i in 0..<200 {
+                group.addTask { _ = try await client.pipeline([["SADD", "all", "m\(i)"], ["INCR", "count"]]) }
+            }
+            try await group.waitForAll()
+        }
+        #expect(try await client.send(["SCARD", "all"]) == .integer(200))
+        #expect(try await client.send(["GET", "count"]).text == "200")
+        #expect(Int(try server.cli(["CLIENT", "LIST"]).split(separator: "\n").count) <= 4)  // 3 pooled + redis-cli
+    }
+}
