@@ -87,7 +87,7 @@ let package = Package(
         // Policy (event type → steps), the pure planner, and the executors that act on targets.
         .target(
             name: "Invalidation",
-            dependencies: ["SecurityEvents"],
+            dependencies: ["SecurityEvents", "Redis"],
             swiftSettings: strict
         ),
         // Intake → verify → claim → record → commit, with metrics and health endpoints.
@@ -192,7 +192,7 @@ let package = Package(
         ),
         .testTarget(
             name: "InvalidationTests",
-            dependencies: ["Invalidation", "SecurityEvents"],
+            dependencies: ["Invalidation", "SecurityEvents", "Redis", "WardenTestSupport"],
             swiftSettings: testSettings
         ),
         .testTarget(

@@ -1,0 +1,224 @@
+public import Redis
+import SecurityEvents
+
+/// Runs the Redis steps: purge-set, purge-keys, purge-pattern, set-flag, and the token-store
+/// steps delete-token and delete-tokens. Connection problems are `.retry`; a server that
+/// refuses a command (wrong type, no permission) is `.failed`.
+public struct RedisStepExecutor: StepExecutor {
+    /// Redis targets by name.
+    public let clients: [String: RedisClient]
+    public let stores: [String: TokenStoreSettings]
+    /// Keys deleted per UNLINK, members read per SSCAN/SCAN round.
+    public var chunk = 500
+
+    public init(clients: [String: RedisClient], stores: [String: TokenStoreSettings]) {
+        self.clients = clients
+        self.stores = stores
+    }
+
+    public func execute(_ action: StepAction, context: StepContext) async -> StepOutcome {
+        do throws(StepFailure) {
+            switch action {
+            case .purgeSet(let target, let set): return try await purgeSet(try client(target), set)
+            case .purgeKeys(let target, let keys):
+                let removed = try await unlink(try client(target), keys)
+                return .done("\(removed) of \(keys.count) keys deleted")
+            case .purgePattern(let target, let pattern): return try await purgePattern(try client(target), pattern)
+            case .setFlag(let target, let key, let value, let ttl):
+                var command = ["SET", key, value]
+                if let ttl { command += ["EX", String(max(1, Int(ttl.rounded(.up))))] }
+                try check(try await send(try client(target), [command]))
+                return .done("\(key) set" + (ttl.map { " for \(Int($0)) s" } ?? ""))
+            case .deleteToken(let storeName):
+                guard let reference = context.namedToken else { return .failed("the event names no token to delete") }
+                return try await deleteToken(reference, in: try store(storeName))
+            case .deleteTokens(let storeName):
+                guard let user = context.user else { return .failed("the subject resolved to no local user") }
+                return try await deleteTokens(of: user, in: try store(storeName))
+            case .revokeTokens, .notify, .sql:
+                return .failed("\(action.kind) is not a Redis step")
+            }
+        } catch {
+            return error.outcome
+        }
+    }
+
+    // MARK: - Steps
+
+    /// Deletes every key the set lists, then removes those members from the set (so a session
+    /// added meanwhile, after the event, stays listed rather than becoming untracked). A crash
+    /// in between leaves members whose keys are gone: running again deletes nothing new and
+    /// removes them.
+    func purgeSet(_ client: RedisClient, _ set: String) async throws(StepFailure) -> StepOutcome {
+        var cursor = "0", deleted: Int64 = 0, members = 0
+        repeat {
+            let reply = try await send(client, [["SSCAN", set, cursor, "COUNT", String(chunk)]])[0]
+            guard case .array(let parts) = reply, parts.count == 2, let next = parts[0].text, let page = parts[1].array else {
+                throw StepFailure.refused(try describe(reply, "SSCAN"))
+            }
+            cursor = next
+            let keys = page.compactMap(\.text)
+            members += keys.count
+            if !keys.isEmpty { deleted += try await unlinkAndForget(client, set: set, keys) }
+        } while cursor != "0"
+        // SSCAN may return a member twice; SREM of the ones already removed is harmless.
+        return .done("\(members) listed, \(deleted) keys deleted from \(set)")
+    }
+
+    func unlinkAndForget(_ client: RedisClient, set: String, _ keys: [String]) async throws(StepFailure) -> Int64 {
+        let replies = try await send(client, [["UNLINK"] + keys, ["SREM", set] + keys])
+        try check(replies)
+        return replies[0].integer ?? 0
+    }
+
+    /// UNLINKs keys in chunks; returns how many existed.
+    func unlink(_ client: RedisClient, _ keys: [String]) async throws(StepFailure) -> Int64 {
+        var removed: Int64 = 0
+        for start in stride(from: 0, to: keys.count, by: chunk) {
+            let replies = try await send(client, [["UNLINK"] + keys[start..<min(start + chunk, keys.count)]])
+            try check(replies)
+            removed += replies[0].integer ?? 0
+        }
+        return removed
+    }
+
+    /// SCAN with MATCH (never KEYS, which blocks the server), UNLINK what matches.
+    func purgePattern(_ client: RedisClient, _ pattern: String) async throws(StepFailure) -> StepOutcome {
+        var cursor = "0", deleted: Int64 = 0
+        repeat {
+            let reply = try await send(client, [["SCAN", cursor, "MATCH", pattern, "COUNT", String(chunk)]])[0]
+            guard case .array(let parts) = reply, parts.count == 2, let next = parts[0].text, let page = parts[1].array else {
+                throw StepFailure.refused(try describe(reply, "SCAN"))
+            }
+            cursor = next
+            let keys = page.compactMap(\.text)
+            if !keys.isEmpty { deleted += try await unlink(client, keys) }
+        } while cursor != "0"
+        return .done("\(deleted) keys matching \(pattern) deleted")
+    }
+
+    /// Deletes the held token the event names. With an index: looked up there, confirmed
+    /// against the held value (constant-time), deleted with its index entries. Without one, or
+    /// when the identifier is not in the index's standard form: every hash of the store is scanned.
+    func deleteToken(_ reference: TokenReference, in store: (TokenStoreSettings, RedisClient)) async throws(StepFailure)
+        -> StepOutcome
+    {
+        let (settings, client) = store
+        if let index = settings.index, let keys = Self.indexKeys(for: reference) {
+            var deleted = 0
+            for key in keys {
+                let location = try await send(client, [["HGET", index, key]])[0]
+                guard let text = location.text, let slash = text.firstIndex(of: "/") else { continue }
+                let user = String(text[..<slash]), tokenID = String(text[text.index(after: slash)...])
+                let hash = settings.hash.replacingOccurrences(of: "{user}", with: user)
+                guard let held = try await send(client, [["HGET", hash, tokenID]])[0].text else {
+                    // A stale index entry: the token is gone already.
+                    try check(try await send(client, [["HDEL", index, key]]))
+                    continue
+                }
+                let identifiers = HeldTokenIdentifiers(token: held)
+                guard reference.match(identifiers) != nil else { continue }
+                try check(try await send(client, [["HDEL", hash, tokenID], ["HDEL", index] + identifiers.indexKeys]))
+                deleted += 1
+            }
+            return .done(deleted > 0 ? "held token \(reference) deleted" : "no held token matches \(reference)")
+        }
+        // Scan every hash of the store.
+        let pattern = Planner.globEscaped(settings.hash).replacingOccurrences(of: "{user}", with: "*")
+        var cursor = "0", deleted = 0
+        repeat {
+            let reply = try await send(client, [["SCAN", cursor, "MATCH", pattern, "COUNT", String(chunk)]])[0]
+            guard case .array(let parts) = reply, parts.count == 2, let next = parts[0].text, let page = parts[1].array else {
+                throw StepFailure.refused(try describe(reply, "SCAN"))
+            }
+            cursor = next
+            for hash in page.compactMap(\.text) {
+                let fields = try await send(client, [["HGETALL", hash]])[0].array ?? []
+                for i in stride(from: 0, to: fields.count - 1, by: 2) {
+                    guard let tokenID = fields[i].text, let held = fields[i + 1].text else { continue }
+                    let identifiers = HeldTokenIdentifiers(token: held)
+                    guard reference.match(identifiers) != nil else { continue }
+                    var commands = [["HDEL", hash, tokenID]]
+                    if let index = settings.index { commands.append(["HDEL", index] + identifiers.indexKeys) }
+                    try check(try await send(client, commands))
+                    deleted += 1
+                }
+            }
+        } while cursor != "0"
+        return .done(deleted > 0 ? "\(deleted) held token(s) matching \(reference) deleted" : "no held token matches \(reference)")
+    }
+
+    /// The index keys to look up, or nil when only a scan can find the token.
+    static func indexKeys(for reference: TokenReference) -> [String]? {
+        switch reference.identifierAlgorithm {
+        case .plain: HeldTokenIdentifiers(token: reference.value).indexKeys
+        case .prefix: ["prefix:" + reference.value]
+        case .hashBase64SHA512SHA512:
+            // The standard form is padded base64 of 64 bytes; other encodings are matched by scanning.
+            reference.value.count == 88 && reference.value.hasSuffix("==") ? ["sha512:" + reference.value] : nil
+        }
+    }
+
+    /// Deletes the user's whole token hash and its index entries.
+    func deleteTokens(of user: String, in store: (TokenStoreSettings, RedisClient)) async throws(StepFailure) -> StepOutcome {
+        let (settings, client) = store
+        let hash = settings.hash.replacingOccurrences(of: "{user}", with: user)
+        let fields = try await send(client, [["HGETALL", hash]])[0].array ?? []
+        let held = stride(from: 1, to: fields.count, by: 2).compactMap { fields[$0].text }
+        var commands = [["UNLINK", hash]]
+        if let index = settings.index, !held.isEmpty {
+            commands.append(["HDEL", index] + held.flatMap { HeldTokenIdentifiers(token: $0).indexKeys })
+        }
+        try check(try await send(client, commands))
+        return .done("\(held.count) held token(s) of the user deleted")
+    }
+
+    // MARK: - Plumbing
+
+    enum StepFailure: Error {
+        case unreachable(String)
+        case refused(String)
+        case misconfigured(String)
+
+        var outcome: StepOutcome {
+            switch self {
+            case .unreachable(let m): .retry(m, after: nil)
+            case .refused(let m), .misconfigured(let m): .failed(m)
+            }
+        }
+    }
+
+    func client(_ target: String) throws(StepFailure) -> RedisClient {
+        guard let client = clients[target] else { throw .misconfigured("no Redis target named \"\(target)\"") }
+        return client
+    }
+
+    func store(_ name: String) throws(StepFailure) -> (TokenStoreSettings, RedisClient) {
+        guard let settings = stores[name] else { throw .misconfigured("no token store named \"\(name)\"") }
+        return (settings, try client(settings.redisTarget))
+    }
+
+    func send(_ client: RedisClient, _ commands: [[String]]) async throws(StepFailure) -> [RedisReply] {
+        do {
+            return try await client.pipeline(commands)
+        } catch {
+            throw error.isRetryable ? .unreachable(error.message) : .refused(error.message)
+        }
+    }
+
+    /// An error reply fails the step: the server refused it and will again (`WRONGTYPE`,
+    /// `NOPERM`); `LOADING`/`BUSY`/`TRYAGAIN` mean later.
+    func check(_ replies: [RedisReply]) throws(StepFailure) {
+        for reply in replies {
+            if case .error(let message) = reply {
+                let transient = ["LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN", "CLUSTERDOWN"].contains { message.hasPrefix($0) }
+                throw transient ? .unreachable("Redis: \(message)") : .refused("Redis refused the step: \(message)")
+            }
+        }
+    }
+
+    func describe(_ reply: RedisReply, _ command: String) throws(StepFailure) -> String {
+        try check([reply])
+        return "unexpected reply to \(command)"
+    }
+}

@@ -1,0 +1,135 @@
+import Foundation
+@testable import Invalidation
+import Redis
+import SecurityEvents
+import Testing
+import WardenTestSupport
+
+@Suite("Redis steps against a real redis-server")
+struct RedisStepTests {
+    let server: RedisServer
+    let client: RedisClient
+    let executor: RedisStepExecutor
+
+    init() throws {
+        server = try RedisServer()
+        client = RedisClient(settings: .init(host: "127.0.0.1", port: server.port, timeout: 2))
+        executor = RedisStepExecutor(clients: ["sessions": client], stores: [
+            "indexed": TokenStoreSettings(redisTarget: "sessions", hash: "oauth-tokens:{user}", index: "oauth-token-index"),
+            "plain": TokenStoreSettings(redisTarget: "sessions", hash: "oauth-tokens:{user}"),
+        ])
+    }
+
+    func cli(_ arguments: String...) throws -> String { try server.cli(arguments) }
+    var context: StepContext { StepContext(token: token("sessions-revoked"), user: "u1") }
+
+    @Test func purgeSetDeletesEveryListedSessionAndEmptiesTheSet() async throws {
+        for i in 0..<1_200 { _ = try await client.pipeline([["SET", "session:\(i)", "data"], ["SADD", "user-sessions:u1", "session:\(i)"]]) }
+        _ = try await client.send(["SET", "session:other-user", "data"])
+        let outcome = await executor.execute(.purgeSet(target: "sessions", set: "user-sessions:u1"), context: context)
+        #expect(outcome == .done("1200 listed, 1200 keys deleted from user-sessions:u1"))
+        #expect(try cli("EXISTS", "user-sessions:u1") == "0")
+        #expect(try cli("DBSIZE") == "1")
+        #expect(try cli("EXISTS", "session:other-user") == "1")
+        // Again: nothing left to do, and that is success.
+        #expect(await executor.execute(.purgeSet(target: "sessions", set: "user-sessions:u1"), context: context)
+            == .done("0 listed, 0 keys deleted from user-sessions:u1"))
+    }
+
+    @Test func purgeKeysAndPurgePattern() async throws {
+        for key in ["s:u1:a", "s:u1:b", "s:u10:a", "s:*:x", "flag:u1"] { _ = try await client.send(["SET", key, "1"]) }
+        #expect(await executor.execute(.purgeKeys(target: "sessions", keys: ["flag:u1", "flag:missing"]), context: context)
+            == .done("1 of 2 keys deleted"))
+        // The pattern a planner makes for user "*": the escaped star matches only itself.
+        let escaped = Planner(policy: Policy(rules: [EventURIPrefix.risc + "sessions-revoked": [
+            PolicyRule(.purgePattern(target: "sessions", pattern: "s:{user}:*")),
+        ]])).plan(token("sessions-revoked"), subject: .user("*")).steps[0].action
+        #expect(await executor.execute(escaped, context: context) == .done(#"1 keys matching s:\*:* deleted"#))
+        #expect(try cli("EXISTS", "s:u1:a") == "1")
+        #expect(await executor.execute(.purgePattern(target: "sessions", pattern: "s:u1:*"), context: context)
+            == .done("2 keys matching s:u1:* deleted"))
+        #expect(try cli("EXISTS", "s:u10:a") == "1")
+    }
+
+    @Test func setFlagWithAndWithoutExpiry() async throws {
+        _ = await executor.execute(.setFlag(target: "sessions", key: "signin-disabled:u1", value: "1", ttl: nil), context: context)
+        #expect(try cli("GET", "signin-disabled:u1") == "1")
+        #expect(try cli("TTL", "signin-disabled:u1") == "-1")
+        _ = await executor.execute(.setFlag(target: "sessions", key: "blocked:u1", value: "hijacked", ttl: 3600), context: context)
+        #expect(try cli("GET", "blocked:u1") == "hijacked")
+        let ttl = Int(try cli("TTL", "blocked:u1")) ?? -1
+        #expect(ttl > 3500 && ttl <= 3600)
+    }
+
+    /// Stores tokens the way DESIGN.md says the app does: a hash per user, and an index from
+    /// `prefix:`/`sha512:` identifiers to `<user>/<token id>`.
+    func hold(_ token: String, user: String, id: String, indexed: Bool = true) async throws {
+        _ = try await client.send(["HSET", "oauth-tokens:\(user)", id, token])
+        if indexed {
+            for key in HeldTokenIdentifiers(token: token).indexKeys { _ = try await client.send(["HSET", "oauth-token-index", key, "\(user)/\(id)"]) }
+        }
+    }
+
+    func revoked(_ alg: TokenReference.IdentifierAlgorithm, _ value: String) -> StepContext {
+        let subject = #"{"subject_type":"oauth_token","token_type":"refresh_token","token_identifier_alg":"\#(alg.rawValue)","token":"\#(value)"}"#
+        return StepContext(token: token(EventURIPrefix.oauth + "token-revoked", subject: subject), user: nil)
+    }
+
+    @Test func deleteTokenByPrefixAndByHashThroughTheIndex() async throws {
+        let a = "1//0gAAAAAAAAAAAA-first-refresh-token", b = "1//0gBBBBBBBBBBBB-second-refresh-token"
+        try await hold(a, user: "u1", id: "t-a")
+        try await hold(b, user: "u1", id: "t-b")
+        try await hold("ya29.other-user-token-value", user: "u2", id: "t-c")
+
+        let byPrefix = await executor.execute(.deleteToken(store: "indexed"), context: revoked(.prefix, String(a.prefix(16))))
+        #expect(byPrefix.result == "done")
+        #expect(try cli("HKEYS", "oauth-tokens:u1") == "t-b")
+        #expect(try cli("HEXISTS", "oauth-token-index", "prefix:" + String(a.prefix(16))) == "0")
+
+        let hash = HeldTokenIdentifiers(token: b).hash
+        #expect(await executor.execute(.deleteToken(store: "indexed"), context: revoked(.hashBase64SHA512SHA512, hash)).result == "done")
+        #expect(try cli("EXISTS", "oauth-tokens:u1") == "0")
+        #expect(try cli("HLEN", "oauth-token-index") == "2")  // only u2's token's two entries remain
+        #expect(try cli("HGET", "oauth-tokens:u2", "t-c") == "ya29.other-user-token-value")
+
+        // A token nobody holds: done, nothing deleted.
+        let none = await executor.execute(.deleteToken(store: "indexed"), context: revoked(.prefix, "1//0gZZZZZZZZZZZZ"))
+        guard case .done(let text) = none else { Issue.record("expected done, got \(none)"); return }
+        #expect(text.hasPrefix("no held token matches prefix:"))
+        #expect(!text.contains("1//0gZZZZZZZZZZZZ"))  // the identifier is not written whole
+        #expect(try cli("HLEN", "oauth-token-index") == "2")
+    }
+
+    @Test func deleteTokenWithoutAnIndexScansTheStore() async throws {
+        try await hold("1//0gAAAAAAAAAAAA-first", user: "u1", id: "t-a", indexed: false)
+        try await hold("1//0gCCCCCCCCCCCC-third", user: "u3", id: "t-x", indexed: false)
+        let outcome = await executor.execute(.deleteToken(store: "plain"), context: revoked(.plain, "1//0gCCCCCCCCCCCC-third"))
+        #expect(outcome.result == "done")
+        #expect(try cli("EXISTS", "oauth-tokens:u3") == "0")
+        #expect(try cli("HGET", "oauth-tokens:u1", "t-a") == "1//0gAAAAAAAAAAAA-first")
+    }
+
+    @Test func deleteTokensRemovesTheUsersHashAndIndexEntries() async throws {
+        try await hold("1//0gAAAAAAAAAAAA-one", user: "u1", id: "t-1")
+        try await hold("1//0gBBBBBBBBBBBB-two", user: "u1", id: "t-2")
+        try await hold("1//0gCCCCCCCCCCCC-keep", user: "u2", id: "t-3")
+        #expect(await executor.execute(.deleteTokens(store: "indexed"), context: context) == .done("2 held token(s) of the user deleted"))
+        #expect(try cli("EXISTS", "oauth-tokens:u1") == "0")
+        #expect(try cli("HLEN", "oauth-token-index") == "2")
+    }
+
+    @Test func unreachableRedisIsRetryAndAWrongTypeIsAPermanentFailure() async throws {
+        _ = try await client.send(["SET", "user-sessions:u9", "not a set"])
+        let wrongType = await executor.execute(.purgeSet(target: "sessions", set: "user-sessions:u9"), context: context)
+        guard case .failed(let reason) = wrongType else { Issue.record("expected failed, got \(wrongType)"); return }
+        #expect(reason.contains("WRONGTYPE"))
+
+        server.stop()
+        let down = await executor.execute(.purgeKeys(target: "sessions", keys: ["k"]), context: context)
+        #expect(down.result == "retry")
+        try server.start()
+        var back = await executor.execute(.purgeKeys(target: "sessions", keys: ["k"]), context: context)
+        if back.result == "retry" { back = await executor.execute(.purgeKeys(target: "sessions", keys: ["k"]), context: context) }
+        #expect(back == .done("0 of 1 keys deleted"))
+    }
+}
