@@ -87,7 +87,11 @@ let package = Package(
         // Policy (event type → steps), the pure planner, and the executors that act on targets.
         .target(
             name: "Invalidation",
-            dependencies: ["SecurityEvents", "Redis"],
+            dependencies: [
+                "SecurityEvents", "Redis",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "Crypto", package: "swift-crypto"),
+            ],
             swiftSettings: strict
         ),
         // Intake → verify → claim → record → commit, with metrics and health endpoints.
@@ -192,7 +196,11 @@ let package = Package(
         ),
         .testTarget(
             name: "InvalidationTests",
-            dependencies: ["Invalidation", "SecurityEvents", "Redis", "WardenTestSupport"],
+            dependencies: [
+                "Invalidation", "SecurityEvents", "Redis", "WardenTestSupport",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "Crypto", package: "swift-crypto"),
+            ],
             swiftSettings: testSettings
         ),
         .testTarget(

@@ -25,10 +25,13 @@ public struct StepContext: Sendable {
     public var token: SecurityEventToken
     /// The local user the subject resolved to, if it did.
     public var user: String?
+    /// The event type (canonical URI) the step is for.
+    public var eventType: String
 
-    public init(token: SecurityEventToken, user: String?) {
+    public init(token: SecurityEventToken, user: String?, eventType: String? = nil) {
         self.token = token
         self.user = user
+        self.eventType = eventType ?? token.events.first.map { Policy.key(for: $0.type) } ?? ""
     }
 
     /// The token a `token-revoked` event names.
@@ -39,4 +42,53 @@ public struct StepContext: Sendable {
 /// not recorded before a crash runs again, and running it twice has the effect of running it once.
 public protocol StepExecutor: Sendable {
     func execute(_ action: StepAction, context: StepContext) async -> StepOutcome
+}
+
+/// Runs any planned step on the target it names: Redis steps, RFC 7009 revocation of a token
+/// store's tokens, webhooks.
+public struct TargetExecutor: StepExecutor {
+    public let redis: RedisStepExecutor
+    public let revocation: RevocationClient
+    public let webhooks: WebhookNotifier
+    public let targets: [String: TargetSettings]
+
+    public init(redis: RedisStepExecutor, revocation: RevocationClient, webhooks: WebhookNotifier,
+                targets: [String: TargetSettings]) {
+        self.redis = redis
+        self.revocation = revocation
+        self.webhooks = webhooks
+        self.targets = targets
+    }
+
+    public func execute(_ action: StepAction, context: StepContext) async -> StepOutcome {
+        switch action {
+        case .purgeSet, .purgeKeys, .purgePattern, .setFlag, .deleteToken, .deleteTokens:
+            return await redis.execute(action, context: context)
+        case .revokeTokens(let store, let target, let hint):
+            guard case .revoke(let endpoint)? = targets[target] else { return .failed("no revoke target named \"\(target)\"") }
+            guard let user = context.user else { return .failed("the subject resolved to no local user") }
+            return await revokeTokens(of: user, store: store, hint: hint, at: endpoint)
+        case .notify(let target):
+            guard case .webhook(let endpoint)? = targets[target] else { return .failed("no webhook target named \"\(target)\"") }
+            return await webhooks.notify(context, eventType: context.eventType, at: endpoint)
+        case .sql:
+            return .failed("sql steps are not supported by this version")
+        }
+    }
+
+    /// Revokes each token the store holds for the user, deleting each one once revoked, so a
+    /// retry after a failure part-way revokes only what is left.
+    func revokeTokens(of user: String, store name: String, hint: String?, at endpoint: RevocationEndpoint) async -> StepOutcome {
+        do throws(RedisStepExecutor.StepFailure) {
+            let held = try await redis.heldTokens(of: user, store: name)
+            for (id, token) in held {
+                let outcome = await revocation.revoke(token, hint: hint, at: endpoint)
+                guard case .done = outcome else { return outcome }
+                try await redis.forgetHeldToken(id: id, token: token, of: user, store: name)
+            }
+            return .done("\(held.count) held token(s) revoked at \(endpoint.url.host ?? "the endpoint") and deleted")
+        } catch {
+            return error.outcome
+        }
+    }
 }

@@ -173,6 +173,27 @@ public struct RedisStepExecutor: StepExecutor {
         return .done("\(held.count) held token(s) of the user deleted")
     }
 
+    /// The tokens a store holds for the user: (token id, token).
+    func heldTokens(of user: String, store name: String) async throws(StepFailure) -> [(id: String, token: String)] {
+        let (settings, client) = try store(name)
+        let fields = try await send(client, [["HGETALL", settings.hash.replacingOccurrences(of: "{user}", with: user)]])[0]
+        try check([fields])
+        let items = fields.array ?? []
+        var held: [(id: String, token: String)] = []
+        for i in stride(from: 0, to: items.count - 1, by: 2) {
+            if let id = items[i].text, let token = items[i + 1].text { held.append((id, token)) }
+        }
+        return held
+    }
+
+    /// Deletes one held token and its index entries.
+    func forgetHeldToken(id: String, token: String, of user: String, store name: String) async throws(StepFailure) {
+        let (settings, client) = try store(name)
+        var commands = [["HDEL", settings.hash.replacingOccurrences(of: "{user}", with: user), id]]
+        if let index = settings.index { commands.append(["HDEL", index] + HeldTokenIdentifiers(token: token).indexKeys) }
+        try check(try await send(client, commands))
+    }
+
     // MARK: - Plumbing
 
     enum StepFailure: Error {

@@ -113,11 +113,7 @@ public struct InvalidationConfiguration: Sendable {
             return .webhook(WebhookEndpoint(url: url, hmacSecret: Array(secret.utf8),
                                             timeout: try WardenConfiguration.positive(c.child("timeout")) ?? 10))
         default:
-            let location = try c.requiredString()
-            guard location.hasPrefix("sqlite:") || location.hasPrefix("postgres://") || location.hasPrefix("postgresql://") else {
-                throw c.error("expected sqlite:PATH or postgres://user@host/database")
-            }
-            return .sql(location)
+            throw c.error("sql targets are not supported by this version; use redis, revoke or webhook targets")
         }
     }
 

@@ -24,8 +24,20 @@ public final class KeyServer: Sendable {
         }
     }
 
+    /// A request as it reached the server.
+    public struct RecordedRequest: Sendable {
+        public var method: String
+        public var path: String
+        /// Header names lowercased.
+        public var headers: [String: String]
+        public var body: String
+    }
+
     struct State {
         var documents: [String: Document] = [:]
+        /// One-shot answers, used in order before the standing document.
+        var queued: [String: [Document]] = [:]
+        var recorded: [RecordedRequest] = []
         var counts: [String: Int] = [:]
         var port: Int = 0
         var task: Task<Void, any Error>?
@@ -59,6 +71,17 @@ public final class KeyServer: Sendable {
 
     public func remove(_ path: String) { state.withLock { $0.documents[path] = nil } }
 
+    /// Answers the next requests to `path` with these documents, in order, then with the
+    /// standing one again.
+    public func enqueue(_ path: String, _ documents: [Document]) {
+        state.withLock { $0.queued[path, default: []] += documents }
+    }
+
+    /// Every request that reached `path`, oldest first.
+    public func recordedRequests(_ path: String) -> [RecordedRequest] {
+        state.withLock { $0.recorded.filter { $0.path == path } }
+    }
+
     /// How many requests reached `path` (whatever the answer).
     public func requests(_ path: String) -> Int { state.withLock { $0.counts[path, default: 0] } }
     public var totalRequests: Int { state.withLock { $0.counts.values.reduce(0, +) } }
@@ -68,8 +91,19 @@ public final class KeyServer: Sendable {
         let (stream, continuation) = AsyncStream<Int>.makeStream()
         let responder = CallbackResponder<BasicRequestContext> { [self] request, _ in
             let path = request.uri.path
+            let body = try await request.body.collect(upTo: 1 << 20)
+            var headers: [String: String] = [:]
+            for field in request.headers { headers[field.name.canonicalName.lowercased()] = field.value }
+            let recorded = RecordedRequest(method: request.method.rawValue, path: path, headers: headers,
+                                           body: String(buffer: body))
             let document = self.state.withLock { s -> Document? in
                 s.counts[path, default: 0] += 1
+                s.recorded.append(recorded)
+                if var queue = s.queued[path], !queue.isEmpty {
+                    let next = queue.removeFirst()
+                    s.queued[path] = queue
+                    return next
+                }
                 return s.documents[path]
             }
             guard let document else { return Response(status: .notFound) }
