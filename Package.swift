@@ -98,7 +98,7 @@ let package = Package(
         .target(
             name: "Pipeline",
             dependencies: [
-                "Kafka", "Ledger", "SecurityEvents", "TokenVerification",
+                "Kafka", "Ledger", "SecurityEvents", "TokenVerification", "Invalidation",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -112,7 +112,7 @@ let package = Package(
             dependencies: [
                 "SecurityEvents",
                 "TokenVerification",
-                "Kafka", "Ledger", "Pipeline", "Invalidation",
+                "Kafka", "Ledger", "Pipeline", "Invalidation", "Redis",
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),

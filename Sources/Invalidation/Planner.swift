@@ -1,7 +1,7 @@
 public import SecurityEvents
 
 /// A step ready to run: every placeholder filled.
-public struct PlannedStep: Sendable, Hashable {
+public struct PlannedStep: Sendable, Hashable, Codable {
     /// Position in the event's plan (0-based); with the event id it names the step in the outbox.
     public var index: Int
     /// The event type (canonical URI) whose rule produced the step.

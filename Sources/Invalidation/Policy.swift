@@ -2,7 +2,7 @@ public import SecurityEvents
 
 /// What one step does, with its text still holding placeholders (`{user}`, `{sub}`, …) that the
 /// planner fills from the event and the resolved subject.
-public enum StepAction: Sendable, Hashable {
+public enum StepAction: Sendable, Hashable, Codable {
     /// Deletes every key listed in the Redis set, then the set.
     case purgeSet(target: String, set: String)
     /// Deletes the listed keys.

@@ -1,13 +1,19 @@
 /// Durable state of the pipeline: which (issuer, jti) pairs have been seen, what each event was,
 /// where it came from, and what became of it. One protocol, several back ends.
 public protocol Ledger: Sendable {
-    /// Records a verified event with its planned steps and tells, atomically, whether its
-    /// (issuer, jti) is new. The event's record holds its first delivery; a duplicate is recorded
-    /// as a further delivery of the event already known, and its plan is not touched. Claim and plan are one write, so no crash can leave an event
-    /// claimed without a plan.
-    func claim(_ event: LedgerEvent, outcome: EventOutcome, steps: [String]) async throws(LedgerError) -> Claim
+    /// Records a verified event with its planned steps (its outbox) and tells, atomically,
+    /// whether its (issuer, jti) is new. The event's record holds its first delivery; a
+    /// duplicate is recorded as a further delivery of the event already known, and its plan is
+    /// not touched. Claim and plan are one write, so no crash can leave an event claimed
+    /// without a plan.
+    func claim(_ event: LedgerEvent, outcome: EventOutcome, steps: [OutboxStep]) async throws(LedgerError) -> Claim
     /// Records what became of a claimed event.
-    func record(outcome: EventOutcome, steps: [String], forEvent eventID: Int64) async throws(LedgerError)
+    func record(outcome: EventOutcome, forEvent eventID: Int64) async throws(LedgerError)
+    /// Records that one step of an event is done or failed for good; it is never run again.
+    func recordStep(_ index: Int, of eventID: Int64, status: StepStatus, detail: String) async throws(LedgerError)
+    /// An event's steps in order, with their status: after a crash, the pending ones are what
+    /// is left to do.
+    func steps(ofEvent eventID: Int64) async throws(LedgerError) -> [OutboxStep]
     /// Records a message that failed verification (it has no issuer or jti to trust).
     func recordRejection(_ rejection: Rejection) async throws(LedgerError)
     /// Claims and rejections in one atomic write, in order: all are recorded or none. Returns the
@@ -17,6 +23,30 @@ public protocol Ledger: Sendable {
     func isReachable() async -> Bool
     /// Finishes pending writes and closes.
     func close() async
+}
+
+/// One planned step of an event, as the outbox keeps it.
+public struct OutboxStep: Sendable, Equatable {
+    public var index: Int
+    /// `purge-set`, `revoke-tokens`, … (for reports and metrics).
+    public var kind: String
+    /// The step with every placeholder filled, as JSON text: exactly what to run after a crash.
+    public var action: String
+    public var status: StepStatus
+    /// What the executor said (done: what it did; failed: why).
+    public var detail: String?
+
+    public init(index: Int, kind: String, action: String, status: StepStatus = .pending, detail: String? = nil) {
+        self.index = index
+        self.kind = kind
+        self.action = action
+        self.status = status
+        self.detail = detail
+    }
+}
+
+public enum StepStatus: String, Sendable, CaseIterable {
+    case pending, done, failed
 }
 
 /// A verified event as the ledger keeps it.
@@ -55,7 +85,7 @@ public struct LedgerEvent: Sendable, Equatable {
 /// One part of an atomic ledger write.
 public enum LedgerEntry: Sendable, Equatable {
     /// A verified event with its plan: claimed if new, a duplicate delivery otherwise.
-    case event(LedgerEvent, outcome: EventOutcome, steps: [String])
+    case event(LedgerEvent, outcome: EventOutcome, steps: [OutboxStep])
     /// A message that failed verification.
     case rejection(Rejection)
 }
@@ -73,10 +103,12 @@ public enum EventOutcome: String, Sendable, CaseIterable {
     case claimed
     /// Its steps are planned and wait to be executed.
     case pending
-    /// Every step is done.
+    /// Every step is done (or there were none to do).
     case processed
     /// A step failed permanently.
     case failed
+    /// The subject named no local user: the steps that need one were not run.
+    case unresolved
 }
 
 /// A message that did not verify.

@@ -88,10 +88,25 @@ public final class SQLiteLedger: Ledger {
                 INSERT INTO schema_info VALUES ('format', 'warden-ledger');
                 """)
         }
+        migrator.registerMigration("v2-outbox") { db in
+            try db.execute(sql: """
+                CREATE TABLE steps (
+                    event_id INTEGER NOT NULL REFERENCES events(id),
+                    idx INTEGER NOT NULL,
+                    kind TEXT NOT NULL,
+                    action TEXT NOT NULL,
+                    status TEXT NOT NULL CHECK (status IN ('pending', 'done', 'failed')),
+                    detail TEXT,
+                    updated_at REAL NOT NULL,
+                    PRIMARY KEY (event_id, idx)
+                ) WITHOUT ROWID;
+                CREATE INDEX steps_pending ON steps(status) WHERE status = 'pending';
+                """)
+        }
         return migrator
     }
 
-    public func claim(_ event: LedgerEvent, outcome: EventOutcome, steps: [String]) async throws(LedgerError) -> Claim {
+    public func claim(_ event: LedgerEvent, outcome: EventOutcome, steps: [OutboxStep]) async throws(LedgerError) -> Claim {
         try await writer.submit { db in try Self.claim(event, outcome: outcome, steps: steps, in: db) }
     }
 
@@ -108,7 +123,7 @@ public final class SQLiteLedger: Ledger {
         }
     }
 
-    private static func claim(_ event: LedgerEvent, outcome: EventOutcome, steps: [String], in db: Database) throws -> Claim {
+    private static func claim(_ event: LedgerEvent, outcome: EventOutcome, steps: [OutboxStep], in db: Database) throws -> Claim {
         try db.cachedStatement(sql: """
             INSERT INTO events (issuer, jti, token, source, event_types, subject, key_id, algorithm,
                                 key_thumbprint, issued_at, received_at, outcome, steps, updated_at)
@@ -116,8 +131,17 @@ public final class SQLiteLedger: Ledger {
             ON CONFLICT (issuer, jti) DO NOTHING
             """).execute(arguments: [event.issuer, event.jti, event.token, event.source, jsonArray(event.eventTypes),
                                      event.subject, event.keyID, event.algorithm, event.keyThumbprint, event.issuedAt,
-                                     event.receivedAt, outcome.rawValue, jsonArray(steps), event.receivedAt])
-        if db.changesCount == 1 { return .new(eventID: db.lastInsertedRowID) }
+                                     event.receivedAt, outcome.rawValue, jsonArray(steps.map(\.kind)), event.receivedAt])
+        if db.changesCount == 1 {
+            let id = db.lastInsertedRowID
+            for step in steps {
+                try db.cachedStatement(sql: """
+                    INSERT INTO steps (event_id, idx, kind, action, status, detail, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)
+                    """).execute(arguments: [id, step.index, step.kind, step.action, step.status.rawValue, step.detail,
+                                             event.receivedAt])
+            }
+            return .new(eventID: id)
+        }
         let id = try Int64.fetchOne(db.cachedStatement(sql: "SELECT id FROM events WHERE issuer = ? AND jti = ?"),
                                     arguments: [event.issuer, event.jti])!
         // The event row records its first delivery; later ones are recorded as duplicates.
@@ -134,12 +158,24 @@ public final class SQLiteLedger: Ledger {
                                      Data(rejection.token)])
     }
 
-    public func record(outcome: EventOutcome, steps: [String], forEvent eventID: Int64) async throws(LedgerError) {
+    public func record(outcome: EventOutcome, forEvent eventID: Int64) async throws(LedgerError) {
         try await writer.submit { db in
-            try db.cachedStatement(sql: "UPDATE events SET outcome = ?, steps = ?, updated_at = ? WHERE id = ?")
-                .execute(arguments: [outcome.rawValue, jsonArray(steps), Date().timeIntervalSince1970, eventID])
+            try db.cachedStatement(sql: "UPDATE events SET outcome = ?, updated_at = ? WHERE id = ?")
+                .execute(arguments: [outcome.rawValue, Date().timeIntervalSince1970, eventID])
             guard db.changesCount == 1 else { throw LedgerError("no event with id \(eventID) in the ledger") }
         }
+    }
+
+    public func recordStep(_ index: Int, of eventID: Int64, status: StepStatus, detail: String) async throws(LedgerError) {
+        try await writer.submit { db in
+            try db.cachedStatement(sql: "UPDATE steps SET status = ?, detail = ?, updated_at = ? WHERE event_id = ? AND idx = ?")
+                .execute(arguments: [status.rawValue, detail, Date().timeIntervalSince1970, eventID, index])
+            guard db.changesCount == 1 else { throw LedgerError("event \(eventID) has no step \(index) in the ledger") }
+        }
+    }
+
+    public func steps(ofEvent eventID: Int64) async throws(LedgerError) -> [OutboxStep] {
+        try await writer.submit { db in try SQLiteLedgerReader.steps(db, eventID: eventID) }
     }
 
     public func recordRejection(_ rejection: Rejection) async throws(LedgerError) {
@@ -199,6 +235,19 @@ public struct SQLiteLedgerReader: Sendable {
                 StoredEvent(id: $0["id"], issuer: $0["issuer"], jti: $0["jti"], source: $0["source"],
                             eventTypes: $0["event_types"], outcome: $0["outcome"], steps: $0["steps"])
             }
+        }
+    }
+
+    /// An event's steps, in order.
+    public func steps(ofEvent eventID: Int64) throws(LedgerError) -> [OutboxStep] {
+        try Self.read(database) { db in try Self.steps(db, eventID: eventID) }
+    }
+
+    static func steps(_ db: Database, eventID: Int64) throws -> [OutboxStep] {
+        try Row.fetchAll(db, sql: "SELECT idx, kind, action, status, detail FROM steps WHERE event_id = ? ORDER BY idx",
+                         arguments: [eventID]).map {
+            OutboxStep(index: $0["idx"], kind: $0["kind"], action: $0["action"],
+                       status: StepStatus(rawValue: $0["status"]) ?? .pending, detail: $0["detail"])
         }
     }
 

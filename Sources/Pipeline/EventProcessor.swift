@@ -1,4 +1,5 @@
 import Foundation
+public import Invalidation
 public import Ledger
 public import Logging
 import SecurityEvents
@@ -36,6 +37,28 @@ public protocol DeadLetterSink: Sendable {
     func deadLetter(value: [UInt8], code: String, description: String, source: String) async throws
 }
 
+/// What acts on verified events: the planner (policy), subject resolution, and the executor
+/// that runs steps on targets.
+public struct InvalidationEngine: Sendable {
+    public var planner: Planner
+    public var resolver: any SubjectResolver
+    public var executor: any StepExecutor
+
+    public init(planner: Planner, resolver: any SubjectResolver, executor: any StepExecutor) {
+        self.planner = planner
+        self.resolver = resolver
+        self.executor = executor
+    }
+
+    /// Records events and acts on none: an empty policy.
+    public static let recordOnly = InvalidationEngine(planner: Planner(policy: Policy()), resolver: IdentityResolver(),
+                                                      executor: NoTargets())
+
+    struct NoTargets: StepExecutor {
+        func execute(_ action: StepAction, context: StepContext) async -> StepOutcome { .failed("no targets are configured") }
+    }
+}
+
 /// Tells long waits (retries) that the process is stopping.
 public final class StopSignal: Sendable {
     private let flag = Mutex(false)
@@ -68,11 +91,15 @@ public struct EventProcessor: Sendable {
     public let metrics: WardenMetrics
     public let logger: Logger
     public let stop: StopSignal
+    /// Planner, subject resolution and executor. Default: record only.
+    public var engine: InvalidationEngine = .recordOnly
     /// Backoff bounds for retries (keys unavailable, ledger or dead-letter failures), seconds.
     public var initialBackoff: Double = 0.5
     public var maximumBackoff: Double = 30
     /// Tasks verifying one batch at once.
     public var parallelism: Int = max(1, ProcessInfo.processInfo.activeProcessorCount)
+    /// Subjects whose steps run at once.
+    public var stepConcurrency: Int = 64
 
     public init(verifier: SETVerifier, ledger: any Ledger, deadLetters: any DeadLetterSink, metrics: WardenMetrics,
                 logger: Logger, stop: StopSignal) {
@@ -102,7 +129,7 @@ public struct EventProcessor: Sendable {
     }
 
     enum Verdict: Sendable {
-        case valid(VerifiedSET)
+        case valid(VerifiedSET, user: String?, plan: Plan)
         case invalid(code: String, description: String)
     }
 
@@ -130,9 +157,27 @@ public struct EventProcessor: Sendable {
 
         var verdicts: [Verdict] = []
         verdicts.reserveCapacity(results.count)
-        for result in results {
+        resolving: for (i, result) in results.enumerated() {
             switch result {
-            case .success(let verified): verdicts.append(.valid(verified))
+            case .success(let verified):
+                // The subject's local user: a lookup that cannot be made now makes the batch
+                // wait here, like unavailable keys, rather than record the event unresolved.
+                var attempt = 0
+                while true {
+                    switch await engine.resolver.resolve(verified.token) {
+                    case .resolved(let resolution):
+                        let user: String? = if case .user(let u) = resolution { u } else { nil }
+                        verdicts.append(.valid(verified, user: user, plan: engine.planner.plan(verified.token, subject: resolution)))
+                        continue resolving
+                    case .retry(let reason):
+                        metrics.retried("subject_lookup")
+                        logger.warning("subject lookup failed; will retry", metadata: [
+                            "warden.source": "\(batch[i].source)", "warden.reason": "\(reason)", "warden.attempt": "\(attempt)",
+                        ])
+                        guard await stop.pause(backoff(attempt)) else { break resolving }
+                        attempt += 1
+                    }
+                }
             case .failure(let error): verdicts.append(.invalid(code: error.reportedCode, description: error.description))
             }
         }
@@ -166,9 +211,11 @@ public struct EventProcessor: Sendable {
         for (i, verdict) in verdicts.enumerated() {
             let message = batch[i]
             switch verdict {
-            case .valid(let verified):
-                // Until the invalidation engine plans steps, a verified event waits as pending.
-                entries.append(.event(ledgerEvent(verified, message), outcome: .pending, steps: []))
+            case .valid(let verified, _, let plan):
+                // The event is claimed together with its outbox: the planned steps, all pending.
+                let steps = plan.steps.map { OutboxStep(index: $0.index, kind: $0.action.kind, action: Self.encode($0)) }
+                let outcome: EventOutcome = !steps.isEmpty ? .pending : plan.isUnresolved ? .unresolved : .processed
+                entries.append(.event(ledgerEvent(verified, message), outcome: outcome, steps: steps))
             case .invalid(let code, let description):
                 metrics.deadLettered()
                 entries.append(.rejection(Rejection(token: message.value, source: message.source, code: code,
@@ -179,26 +226,55 @@ public struct EventProcessor: Sendable {
     }
 
     /// Writes a prepared batch to the ledger in one atomic write (retried until it succeeds or
-    /// the process stops). Returns each message's disposition; messages past `prepared.count`
-    /// are abandoned.
+    /// the process stops), then runs the steps of its new events — and the steps a crash left
+    /// pending for events delivered again — concurrently across subjects, in order for one
+    /// subject. Returns each message's disposition; messages past `prepared.count`, and events
+    /// whose steps were still waiting when the process stopped, are abandoned (redelivered later,
+    /// when their pending steps resume).
     public func record(_ prepared: Prepared, _ batch: [IntakeMessage]) async -> [Disposition] {
         var dispositions = [Disposition](repeating: .abandoned, count: batch.count)
         guard prepared.count > 0 else { return dispositions }
         guard let claims = await retrying("ledger", { try await ledger.record(prepared.entries) }) else {
             return dispositions
         }
+        var work: [Work] = []
         for (i, verdict) in prepared.verdicts.enumerated() {
             let message = batch[i]
             switch (verdict, claims[i]) {
-            case (.valid(let verified), .duplicate(let id)?):
+            case (.valid(let verified, let user, let plan), .new(let id)?):
+                if !plan.unknownTypes.isEmpty {
+                    metrics.counter("warden_unknown_event_types_total").increment(by: plan.unknownTypes.count)
+                    logger.notice("event type without a policy entry: recorded, no steps", metadata: [
+                        "warden.types": "\(plan.unknownTypes.map(\.uri).joined(separator: ","))", "warden.event_id": "\(id)",
+                    ])
+                }
+                if plan.isUnresolved {
+                    logger.notice("subject resolved to no local user; steps that need one were not planned", metadata: metadata(verified.token, message, eventID: id))
+                }
+                let steps = plan.steps.map { OutboxStep(index: $0.index, kind: $0.action.kind, action: Self.encode($0)) }
+                let outcome: EventOutcome = plan.isUnresolved ? .unresolved : .processed
+                if steps.isEmpty {
+                    metrics.outcome(outcome.rawValue)
+                    logger.info("event recorded", metadata: metadata(verified.token, message, eventID: id))
+                    dispositions[i] = .recorded(eventID: id, outcome: outcome)
+                } else {
+                    work.append(Work(position: i, eventID: id, isNew: true, steps: steps, outcomeIfDone: outcome,
+                                     context: StepContext(token: verified.token, user: user), message: message))
+                }
+            case (.valid(let verified, let user, let plan), .duplicate(let id)?):
                 metrics.outcome("duplicate")
                 logger.info("duplicate event", metadata: metadata(verified.token, message, eventID: id))
-                dispositions[i] = .duplicate(eventID: id)
-            case (.valid(let verified), .new(let id)?):
-                metrics.outcome(EventOutcome.pending.rawValue)
-                logger.info("event recorded", metadata: metadata(verified.token, message, eventID: id)
-                    .merging(["warden.outcome": "\(EventOutcome.pending.rawValue)"]) { $1 })
-                dispositions[i] = .recorded(eventID: id, outcome: .pending)
+                // A crash may have left this event's steps part-done: what is pending runs now.
+                guard let steps = await retrying("ledger", { try await ledger.steps(ofEvent: id) }) else { return dispositions }
+                let pending = steps.filter { $0.status == .pending }
+                if pending.isEmpty {
+                    dispositions[i] = .duplicate(eventID: id)
+                } else {
+                    let failedBefore = steps.contains { $0.status == .failed }
+                    work.append(Work(position: i, eventID: id, isNew: false, steps: pending,
+                                     outcomeIfDone: failedBefore ? .failed : plan.isUnresolved ? .unresolved : .processed,
+                                     context: StepContext(token: verified.token, user: user), message: message))
+                }
             case (.invalid(let code, let description), _):
                 metrics.outcome("invalid")
                 logger.warning("invalid token dead-lettered", metadata: [
@@ -210,7 +286,135 @@ public struct EventProcessor: Sendable {
                 preconditionFailure("the ledger returned no claim for an event")
             }
         }
+        for (position, disposition) in await execute(work) { dispositions[position] = disposition }
         return dispositions
+    }
+
+    /// An event whose steps are to run.
+    struct Work: Sendable {
+        var position: Int
+        var eventID: Int64
+        var isNew: Bool
+        var steps: [OutboxStep]
+        var outcomeIfDone: EventOutcome
+        var context: StepContext
+        var message: IntakeMessage
+
+        /// One subject's events run in order: keyed by the local user, else the provider subject.
+        var subjectKey: String {
+            context.user.map { "user:" + $0 } ?? context.token.primarySubject.map { "subject:" + $0.json.jsonText }
+                ?? "event:" + context.token.jti
+        }
+    }
+
+    /// Runs the work: one task per subject (up to `stepConcurrency` at once), events of one
+    /// subject in arrival order. Returns each event's disposition.
+    func execute(_ work: [Work]) async -> [(Int, Disposition)] {
+        guard !work.isEmpty else { return [] }
+        var groups: [String: [Work]] = [:]
+        var order: [String] = []
+        for item in work {
+            if groups[item.subjectKey] == nil { order.append(item.subjectKey) }
+            groups[item.subjectKey, default: []].append(item)
+        }
+        return await withTaskGroup(of: [(Int, Disposition)].self) { group in
+            var running = 0
+            var results: [(Int, Disposition)] = []
+            for key in order {
+                if running == stepConcurrency, let done = await group.next() {
+                    results += done
+                    running -= 1
+                }
+                let items = groups[key]!
+                group.addTask {
+                    var out: [(Int, Disposition)] = []
+                    for item in items {
+                        // After one of a subject's events is left waiting, its later events wait too.
+                        guard out.allSatisfy({ $0.1 != .abandoned }), let outcome = await runSteps(item) else {
+                            out.append((item.position, .abandoned))
+                            continue
+                        }
+                        out.append((item.position, item.isNew ? .recorded(eventID: item.eventID, outcome: outcome)
+                            : .duplicate(eventID: item.eventID)))
+                    }
+                    return out
+                }
+                running += 1
+            }
+            for await done in group { results += done }
+            return results
+        }
+    }
+
+    /// Runs an event's pending steps in order and records each outcome, then the event's.
+    /// A step that fails for good is dead-lettered with its reason, and the others still run.
+    /// Returns nil when the process stops while a step waits to be retried.
+    func runSteps(_ work: Work) async -> EventOutcome? {
+        var failed = false
+        for step in work.steps {
+            guard let planned = Self.decode(step.action) else {
+                // Cannot happen with this version's ledger; refuse to guess what to do.
+                failed = true
+                _ = await retrying("ledger") { try await ledger.recordStep(step.index, of: work.eventID, status: .failed,
+                                                                           detail: "the step in the ledger cannot be read") }
+                continue
+            }
+            var context = work.context
+            context.eventType = planned.eventType
+            var attempt = 0
+            stepLoop: while true {
+                let outcome = await engine.executor.execute(planned.action, context: context)
+                metrics.step(kind: step.kind, result: outcome.result)
+                let about: Logger.Metadata = [
+                    "warden.event_id": "\(work.eventID)", "warden.step": "\(step.index)", "warden.kind": "\(step.kind)",
+                    "warden.target": "\(planned.action.targets.first ?? planned.action.store ?? "")",
+                ]
+                switch outcome {
+                case .done(let detail):
+                    logger.info("step done", metadata: about.merging(["warden.detail": "\(detail)"]) { $1 })
+                    guard await retrying("ledger", { try await ledger.recordStep(step.index, of: work.eventID, status: .done, detail: detail) })
+                        != nil else { return nil }
+                    break stepLoop
+                case .failed(let reason):
+                    failed = true
+                    logger.error("step failed permanently; dead-lettered", metadata: about.merging(["warden.reason": "\(reason)"]) { $1 })
+                    let description = "\(step.kind) step \(step.index) failed: \(reason)"
+                    guard await retrying("dead-letter", { () async throws -> Bool in
+                        try await deadLetters.deadLetter(value: work.message.value, code: "step-failed", description: description,
+                                                         source: work.message.source)
+                        return true
+                    }) != nil else { return nil }
+                    metrics.deadLettered()
+                    guard await retrying("ledger", { try await ledger.recordStep(step.index, of: work.eventID, status: .failed, detail: reason) })
+                        != nil else { return nil }
+                    break stepLoop
+                case .retry(let reason, let after):
+                    metrics.retried("step")
+                    logger.warning("step will be retried", metadata: about.merging([
+                        "warden.reason": "\(reason)", "warden.attempt": "\(attempt)",
+                    ]) { $1 })
+                    let wait = after.map { min(max($0, initialBackoff), 300) } ?? backoff(attempt)
+                    guard await stop.pause(wait) else { return nil }
+                    attempt += 1
+                }
+            }
+        }
+        let outcome: EventOutcome = failed ? .failed : work.outcomeIfDone
+        guard await retrying("ledger", { try await ledger.record(outcome: outcome, forEvent: work.eventID) }) != nil else { return nil }
+        if work.isNew { metrics.outcome(outcome.rawValue) }
+        logger.info("event's steps finished", metadata: [
+            "warden.event_id": "\(work.eventID)", "warden.outcome": "\(outcome.rawValue)", "warden.source": "\(work.message.source)",
+        ])
+        return outcome
+    }
+
+    static func encode(_ step: PlannedStep) -> String {
+        // A PlannedStep holds only strings, numbers and arrays of them: encoding cannot fail.
+        String(decoding: (try? JSONEncoder().encode(step)) ?? Data(), as: UTF8.self)
+    }
+
+    static func decode(_ text: String) -> PlannedStep? {
+        try? JSONDecoder().decode(PlannedStep.self, from: Data(text.utf8))
     }
 
     /// Verifies every message, the batch split across `parallelism` tasks.

@@ -37,6 +37,7 @@ public final class WardenMetrics: Sendable {
     func outcome(_ outcome: String) { (outcomes[outcome] ?? counter("warden_events_total", [("outcome", outcome)])).increment() }
     func verifyFailure(_ code: String) { counter("warden_verify_failures_total", [("err", code)]).increment() }
     func deadLettered() { deadLetters.increment() }
+    func step(kind: String, result: String) { counter("warden_steps_total", [("kind", kind), ("result", result)]).increment() }
     func retried(_ reason: String) { counter("warden_retries_total", [("reason", reason)]).increment() }
 }
 

@@ -1,5 +1,8 @@
+public import AsyncHTTPClient
 import Foundation
 public import Invalidation
+public import Pipeline
+public import Redis
 import SecurityEvents
 import TokenVerification
 
@@ -292,5 +295,27 @@ extension InvalidationConfiguration {
         case .notify(let t): "notify \(t)"
         case .sql(let t, let statement, let parameters): "sql on \(t): \(statement) [\(parameters.joined(separator: ", "))]"
         }
+    }
+}
+
+extension InvalidationConfiguration {
+    /// The engine `warden run` uses, and the Redis clients it opened (to close at shutdown).
+    public func makeEngine(http: HTTPClient) -> (engine: InvalidationEngine, redisClients: [RedisClient]) {
+        var clients: [String: RedisClient] = [:]
+        for (name, target) in targets {
+            guard case .redis(let e) = target else { continue }
+            clients[name] = RedisClient(settings: .init(host: e.host, port: e.port, database: e.database, username: e.username,
+                                                        password: e.password, poolSize: e.poolSize, timeout: e.timeout))
+        }
+        let resolver: any SubjectResolver
+        switch subjects {
+        case .identity, .sql: resolver = IdentityResolver()  // sql targets are refused when the configuration is read
+        case .redis(let target, let key): resolver = RedisResolver(client: clients[target]!, key: key)
+        }
+        let executor = TargetExecutor(redis: RedisStepExecutor(clients: clients, stores: tokenStores),
+                                      revocation: RevocationClient(http: http), webhooks: WebhookNotifier(http: http),
+                                      targets: targets)
+        return (InvalidationEngine(planner: Planner(policy: policy), resolver: resolver, executor: executor),
+                Array(clients.values))
     }
 }

@@ -1,6 +1,7 @@
 public import ArgumentParser
 import AsyncHTTPClient
 import Foundation
+import Invalidation
 import Kafka
 import Ledger
 import Logging
@@ -94,6 +95,16 @@ struct Worker {
                                        deadLetters: KafkaDeadLetters(producer: producer, topic: kafka.deadLetterTopic),
                                        metrics: metrics, logger: logger, stop: StopSignal())
         processor.parallelism = kafka.concurrency
+        let engine = configuration.invalidation.makeEngine(http: client)
+        processor.engine = engine.engine
+        for target in configuration.invalidation.targets.keys.sorted() {
+            announce("target \(target): \(configuration.invalidation.targets[target]!.summary)")
+        }
+        for (type, rule) in configuration.invalidation.leftOut where rule.action.targets.contains(Policy.sessionsTarget) {
+            logger.warning("built-in step left out: no redis target named sessions", metadata: [
+                "warden.event_type": "\(InvalidationConfiguration.shortName(type))", "warden.kind": "\(rule.action.kind)",
+            ])
+        }
         let intake = KafkaIntake(consumer: consumer, processor: processor, metrics: metrics, logger: logger)
 
         let issuers = verifier.configuredIssuers
@@ -114,6 +125,7 @@ struct Worker {
                 // Shut down in reverse order: intake first, the ledger last.
                 .init(service: CloseOnShutdown { await ledger.close() }),
                 .init(service: CloseOnShutdown { producer.close() }),
+                .init(service: CloseOnShutdown { engine.redisClients.forEach { $0.close() } }),
                 .init(service: CloseOnShutdown { try? await client.shutdown() }),
                 .init(service: KeyPreload(issuers: issuers, logger: logger)),
                 .init(service: http),

@@ -17,7 +17,7 @@ struct SQLiteLedgerTests {
 
     @Test func firstClaimIsNewThenDuplicate() async throws {
         let ledger = try SQLiteLedger(path: Self.temporaryPath())
-        let first = try await ledger.claim(Self.event(jti: "a"), outcome: .pending, steps: ["purge-set"])
+        let first = try await ledger.claim(Self.event(jti: "a"), outcome: .pending, steps: [OutboxStep(index: 0, kind: "purge-set", action: "{}")])
         guard case .new(let id) = first else { Issue.record("first claim was \(first)"); return }
         #expect(try await ledger.claim(Self.event(jti: "a", source: "kafka:t/0/9"), outcome: .pending, steps: []) == .duplicate(eventID: id))
         // Same jti from another issuer is another event.
@@ -29,7 +29,7 @@ struct SQLiteLedgerTests {
         #expect(events.count == 2)
         #expect(events.first?.outcome == "pending")
         #expect(events.first?.steps == #"["purge-set"]"#)
-        try await ledger.record(outcome: .processed, steps: ["purge-set"], forEvent: id)
+        try await ledger.record(outcome: .processed, forEvent: id)
         events = try ledger.events()
         #expect(events.first?.outcome == "processed")
         let deliveries = try ledger.deliveries()
@@ -93,7 +93,7 @@ struct SQLiteLedgerTests {
 
     @Test func recordingAnUnknownEventFails() async throws {
         let ledger = try SQLiteLedger(path: Self.temporaryPath())
-        await #expect(throws: LedgerError.self) { try await ledger.record(outcome: .processed, steps: [], forEvent: 42) }
+        await #expect(throws: LedgerError.self) { try await ledger.record(outcome: .processed, forEvent: 42) }
         await ledger.close()
     }
 
@@ -117,12 +117,43 @@ struct SQLiteLedgerTests {
     }
 }
 
+@Suite("Ledger outbox")
+struct LedgerOutboxTests {
+    @Test func stepsAreClaimedWithTheEventAndTheirOutcomesSurviveReopening() async throws {
+        let path = SQLiteLedgerTests.temporaryPath()
+        let planned = [OutboxStep(index: 0, kind: "purge-set", action: #"{"purgeSet":{"set":"s:u","target":"sessions"}}"#),
+                       OutboxStep(index: 1, kind: "notify", action: #"{"notify":{"target":"app"}}"#)]
+        let id: Int64
+        do {
+            let ledger = try SQLiteLedger(path: path)
+            guard case .new(let claimed) = try await ledger.claim(SQLiteLedgerTests.event(jti: "o"), outcome: .pending, steps: planned)
+            else { Issue.record("not new"); return }
+            id = claimed
+            #expect(try await ledger.steps(ofEvent: id) == planned)
+            try await ledger.recordStep(0, of: id, status: .done, detail: "3 keys deleted")
+            // A redelivery does not touch the outbox.
+            _ = try await ledger.claim(SQLiteLedgerTests.event(jti: "o"), outcome: .pending, steps: [])
+            await #expect(throws: LedgerError.self) { try await ledger.recordStep(7, of: id, status: .done, detail: "") }
+            await ledger.close()
+        }
+        let reopened = try SQLiteLedger(path: path)
+        let steps = try await reopened.steps(ofEvent: id)
+        #expect(steps.map(\.status) == [.done, .pending])
+        #expect(steps[0].detail == "3 keys deleted")
+        #expect(try SQLiteLedgerReader(path: path).steps(ofEvent: id) == steps)
+        try await reopened.record(outcome: .processed, forEvent: id)
+        #expect(try reopened.events().first?.outcome == "processed")
+        await reopened.close()
+    }
+}
+
 @Suite("Ledger JSON text")
 struct LedgerJSONTests {
     @Test func stepListsAreValidJSON() async throws {
         let ledger = try SQLiteLedger(path: SQLiteLedgerTests.temporaryPath())
         let awkward = ["plain", "quote \" backslash \\ newline \n tab \t", "ünïcödé", ""]
-        guard case .new = try await ledger.claim(SQLiteLedgerTests.event(jti: "j"), outcome: .pending, steps: awkward) else {
+        let steps = awkward.enumerated().map { OutboxStep(index: $0.offset, kind: $0.element, action: "{}") }
+        guard case .new = try await ledger.claim(SQLiteLedgerTests.event(jti: "j"), outcome: .pending, steps: steps) else {
             Issue.record("not new")
             return
         }

@@ -34,7 +34,7 @@ struct WorkerTests {
         let config: URL
         var ledgerPath: String { directory.appendingPathComponent("ledger.sqlite").path }
 
-        init(partitions: Int = 4, keySource: String = "jwks-file: jwks.json") throws {
+        init(partitions: Int = 4, keySource: String = "jwks-file: jwks.json", extra: String = "") throws {
             cluster = try EmbeddedKafkaCluster(topics: [("security-events", partitions), ("security-events.dlq", 1)],
                                                logger: WorkerTests.quiet)
             directory = try Warden.temporaryDirectory()
@@ -60,6 +60,7 @@ struct WorkerTests {
             http:
               listen: 127.0.0.1:0
             ledger: sqlite:ledger.sqlite
+            \(extra)
             """.write(to: config, atomically: true, encoding: .utf8)
         }
 
@@ -148,7 +149,7 @@ struct WorkerTests {
         let events = try ledger.events()
         #expect(events.count == 30)
         #expect(Set(events.map(\.jti)).count == 30)
-        #expect(events.allSatisfy { $0.outcome == "pending" && $0.source.hasPrefix("kafka:security-events/") })
+        #expect(events.allSatisfy { $0.outcome == "processed" && $0.source.hasPrefix("kafka:security-events/") })
         let deliveries = try ledger.deliveries()
         #expect(deliveries.count == 2)
         #expect(deliveries.filter { $0.verdict == "duplicate" }.count == 1)
@@ -180,7 +181,7 @@ struct WorkerTests {
         #expect(ready.0 == 200, "\(ready.1)")
         let metrics = try await Self.httpGet(port, "/metrics").1
         #expect(metrics.contains(#"warden_events_total{outcome="duplicate"} 1"#))
-        #expect(metrics.contains(#"warden_events_total{outcome="pending"} 30"#))
+        #expect(metrics.contains(#"warden_events_total{outcome="processed"} 30"#))
         #expect(metrics.contains(#"warden_events_received_total{source="kafka"} 32"#))
         #expect(metrics.contains(#"warden_verify_failures_total{err="invalid_key"} 1"#))
         #expect(metrics.contains("warden_dead_letters_total 1"))

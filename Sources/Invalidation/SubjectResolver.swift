@@ -1,0 +1,51 @@
+public import Redis
+public import SecurityEvents
+
+/// What subject resolution came to.
+public enum ResolutionOutcome: Sendable, Hashable {
+    case resolved(SubjectResolution)
+    /// The lookup could not be made now (Redis down): the event waits and is tried again.
+    case retry(String)
+}
+
+/// Turns a provider subject into the local user id.
+public protocol SubjectResolver: Sendable {
+    func resolve(_ token: SecurityEventToken) async -> ResolutionOutcome
+}
+
+/// The provider's `sub` is the local user id.
+public struct IdentityResolver: SubjectResolver {
+    public init() {}
+
+    public func resolve(_ token: SecurityEventToken) async -> ResolutionOutcome {
+        if let sub = token.primarySubject?.issuerSubject?.sub ?? token.subject { return .resolved(.user(sub)) }
+        return .resolved(.unresolved)
+    }
+}
+
+/// A Redis string key, filled from the subject (`user-by-sub:{iss}|{sub}`), holds the local id.
+public struct RedisResolver: SubjectResolver {
+    public let client: RedisClient
+    public let key: String
+
+    public init(client: RedisClient, key: String) {
+        self.client = client
+        self.key = key
+    }
+
+    public func resolve(_ token: SecurityEventToken) async -> ResolutionOutcome {
+        guard let event = token.events.first else { return .resolved(.unresolved) }
+        let values = Planner.values(for: event, in: token, resolution: .unresolved)
+        guard let filled = try? Planner.substitute(key, values: values, escapeGlob: false) else { return .resolved(.unresolved) }
+        do {
+            switch try await client.send(["GET", filled]) {
+            case .string(let bytes) where !bytes.isEmpty: return .resolved(.user(String(decoding: bytes, as: UTF8.self)))
+            case .error(let message) where ["LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN"].contains(where: message.hasPrefix):
+                return .retry("Redis cannot answer the subject lookup yet: \(message)")
+            default: return .resolved(.unresolved)
+            }
+        } catch {
+            return .retry("subject lookup: \(error.message)")
+        }
+    }
+}

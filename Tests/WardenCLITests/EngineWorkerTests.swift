@@ -1,0 +1,95 @@
+import Foundation
+import Kafka
+import Ledger
+import SETMinting
+import SecurityEvents
+import Testing
+import WardenTestSupport
+
+/// The invalidation engine inside `warden run`: real redis-server, a local revoke/webhook
+/// server, the built binary, events produced by python3-confluent-kafka.
+@Suite("warden run acts on events", .serialized, .timeLimit(.minutes(8)))
+struct EngineWorkerTests {
+    func token(_ event: EventType, subject: String, extra: JSONObject = [:], jti: String = UUID().uuidString) throws -> String {
+        try SETMinter.token(claims: SETMinter.riscClaims(issuer: WorkerTests.issuer, audience: WorkerTests.audience, event: event,
+                                                          subject: subject, extra: extra, jti: jti), key: WorkerTests.ec)
+    }
+
+    @Test func sessionsAndSignInFlagsFollowTheBuiltInPolicy() async throws {
+        let redis = try RedisServer()
+        let setup = try WorkerTests.Setup(extra: """
+            targets:
+              sessions: {redis: "redis://127.0.0.1:\(redis.port)/0"}
+            """)
+        defer { setup.cleanUp() }
+        for user in ["u1", "u2"] {
+            for i in 0..<3 {
+                _ = try redis.cli(["SET", "session:\(user):\(i)", "x"])
+                _ = try redis.cli(["SADD", "user-sessions:\(user)", "session:\(user):\(i)"])
+            }
+        }
+        let worker = try WorkerProcess(config: setup.config)
+        _ = try await worker.httpPort()
+        try WorkerTests.produce(setup.cluster.bootstrapServers, [
+            ("u1", try token(.sessionsRevoked, subject: "u1")),
+            ("u3", try token(.accountDisabled, subject: "u3")),  // no reason: sign-in flag
+            ("u2", try token(.accountDisabled, subject: "u2", extra: ["reason": "hijacking"])),  // sessions purged
+        ])
+        try await WorkerTests.waitFor("three events processed") {
+            let events = try SQLiteLedgerReader(path: setup.ledgerPath).events()
+            return events.count == 3 && events.allSatisfy { $0.outcome == "processed" }
+        }
+        #expect(try redis.cli(["EXISTS", "user-sessions:u1", "session:u1:0", "session:u1:1", "session:u1:2"]) == "0")
+        #expect(try redis.cli(["EXISTS", "user-sessions:u2", "session:u2:0"]) == "0")
+        #expect(try redis.cli(["GET", "signin-disabled:u3"]) == "1")
+        #expect(try redis.cli(["EXISTS", "signin-disabled:u2"]) == "0")
+        let reader = try SQLiteLedgerReader(path: setup.ledgerPath)
+        let first = try #require(try reader.events().first)
+        #expect(try reader.steps(ofEvent: first.id).map(\.status) == [.done])
+        #expect(worker.terminate() == 0)
+    }
+
+    @Test func aKillBetweenTwoStepsRunsTheSecondOnceAndNotTheFirstAgain() async throws {
+        let redis = try RedisServer()
+        let hooks = try await KeyServer.start()
+        hooks.serve("/hook", .init(body: "", status: 503))  // down until the test says otherwise
+        let setup = try WorkerTests.Setup(extra: """
+            targets:
+              sessions: {redis: "redis://127.0.0.1:\(redis.port)/0"}
+              app: {webhook: {url: "\(hooks.url("/hook"))", hmac-secret: test-secret}}
+            policy:
+              sessions-revoked:
+                - set-flag: {target: sessions, key: "step-one:{user}", value: "{jti}"}
+                - notify: {target: app}
+            """)
+        defer { setup.cleanUp() }
+        let jti = "kill-between-steps"
+        let first = try WorkerProcess(config: setup.config)
+        _ = try await first.httpPort()
+        try WorkerTests.produce(setup.cluster.bootstrapServers, [("u7", try token(.sessionsRevoked, subject: "u7", jti: jti))])
+        // Step one is done, step two is being retried against the failing webhook.
+        try await WorkerTests.waitFor("step one done, step two retried") {
+            let reader = try SQLiteLedgerReader(path: setup.ledgerPath)
+            guard let event = try reader.events().first else { return false }
+            return try reader.steps(ofEvent: event.id).map(\.status) == [.done, .pending] && hooks.requests("/hook") >= 2
+        }
+        #expect(try redis.cli(["GET", "step-one:u7"]) == jti)
+        first.kill()
+
+        // If step one ran again, this key would come back.
+        _ = try redis.cli(["DEL", "step-one:u7"])
+        hooks.serve("/hook", .init(body: "", status: 200))
+        let failingCalls = hooks.requests("/hook")
+        let second = try WorkerProcess(config: setup.config)
+        _ = try await second.httpPort()
+        try await WorkerTests.waitFor("the event processed after the restart") {
+            try SQLiteLedgerReader(path: setup.ledgerPath).events().first?.outcome == "processed"
+        }
+        #expect(hooks.requests("/hook") == failingCalls + 1)  // step two: once, after the restart
+        #expect(try redis.cli(["EXISTS", "step-one:u7"]) == "0")  // step one: not again
+        let reader = try SQLiteLedgerReader(path: setup.ledgerPath)
+        #expect(try reader.events().count == 1)
+        #expect(try reader.deliveries().filter { $0.verdict == "duplicate" }.count == 1)  // the redelivery
+        #expect(second.terminate() == 0)
+    }
+}
