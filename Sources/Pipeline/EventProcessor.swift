@@ -98,8 +98,12 @@ public struct EventProcessor: Sendable {
     public var maximumBackoff: Double = 30
     /// Tasks verifying one batch at once.
     public var parallelism: Int = max(1, ProcessInfo.processInfo.activeProcessorCount)
-    /// Subjects whose steps run at once.
-    public var stepConcurrency: Int = 64
+    /// Attempts at a step that its target keeps refusing with a retryable answer while it
+    /// serves other events; then the step is failed and dead-lettered. Attempts made while
+    /// the target is down (no success from it meanwhile) are not counted: those events wait.
+    public var maximumStepAttempts: Int = 10
+    /// Per-target circuit breakers.
+    let breakers = CircuitBreakers()
 
     public init(verifier: SETVerifier, ledger: any Ledger, deadLetters: any DeadLetterSink, metrics: WardenMetrics,
                 logger: Logger, stop: StopSignal) {
@@ -231,11 +235,11 @@ public struct EventProcessor: Sendable {
     /// subject. Returns each message's disposition; messages past `prepared.count`, and events
     /// whose steps were still waiting when the process stopped, are abandoned (redelivered later,
     /// when their pending steps resume).
-    public func record(_ prepared: Prepared, _ batch: [IntakeMessage]) async -> [Disposition] {
-        var dispositions = [Disposition](repeating: .abandoned, count: batch.count)
-        guard prepared.count > 0 else { return dispositions }
+    public func record(_ prepared: Prepared, _ batch: [IntakeMessage]) async -> Recorded {
+        var dispositions = [Disposition?](repeating: .abandoned, count: batch.count)
+        guard prepared.count > 0 else { return Recorded(dispositions: dispositions, work: []) }
         guard let claims = await retrying("ledger", { try await ledger.record(prepared.entries) }) else {
-            return dispositions
+            return Recorded(dispositions: dispositions, work: [])
         }
         var work: [Work] = []
         for (i, verdict) in prepared.verdicts.enumerated() {
@@ -258,6 +262,7 @@ public struct EventProcessor: Sendable {
                     logger.info("event recorded", metadata: metadata(verified.token, message, eventID: id))
                     dispositions[i] = .recorded(eventID: id, outcome: outcome)
                 } else {
+                    dispositions[i] = nil
                     work.append(Work(position: i, eventID: id, isNew: true, steps: steps, outcomeIfDone: outcome,
                                      context: StepContext(token: verified.token, user: user), message: message))
                 }
@@ -265,11 +270,14 @@ public struct EventProcessor: Sendable {
                 metrics.outcome("duplicate")
                 logger.info("duplicate event", metadata: metadata(verified.token, message, eventID: id))
                 // A crash may have left this event's steps part-done: what is pending runs now.
-                guard let steps = await retrying("ledger", { try await ledger.steps(ofEvent: id) }) else { return dispositions }
+                guard let steps = await retrying("ledger", { try await ledger.steps(ofEvent: id) }) else {
+                    return Recorded(dispositions: dispositions, work: [])
+                }
                 let pending = steps.filter { $0.status == .pending }
                 if pending.isEmpty {
                     dispositions[i] = .duplicate(eventID: id)
                 } else {
+                    dispositions[i] = nil
                     let failedBefore = steps.contains { $0.status == .failed }
                     work.append(Work(position: i, eventID: id, isNew: false, steps: pending,
                                      outcomeIfDone: failedBefore ? .failed : plan.isUnresolved ? .unresolved : .processed,
@@ -286,13 +294,20 @@ public struct EventProcessor: Sendable {
                 preconditionFailure("the ledger returned no claim for an event")
             }
         }
-        for (position, disposition) in await execute(work) { dispositions[position] = disposition }
-        return dispositions
+        return Recorded(dispositions: dispositions, work: work)
+    }
+
+    /// A batch once durable: each message's disposition, or nil while its event's steps are
+    /// still to run (the `work`, to be given to `run`).
+    public struct Recorded: Sendable {
+        public var dispositions: [Disposition?]
+        public var work: [Work]
     }
 
     /// An event whose steps are to run.
-    struct Work: Sendable {
-        var position: Int
+    public struct Work: Sendable {
+        /// The message's position in its batch.
+        public var position: Int
         var eventID: Int64
         var isNew: Bool
         var steps: [OutboxStep]
@@ -301,49 +316,17 @@ public struct EventProcessor: Sendable {
         var message: IntakeMessage
 
         /// One subject's events run in order: keyed by the local user, else the provider subject.
-        var subjectKey: String {
+        public var subjectKey: String {
             context.user.map { "user:" + $0 } ?? context.token.primarySubject.map { "subject:" + $0.json.jsonText }
                 ?? "event:" + context.token.jti
         }
     }
 
-    /// Runs the work: one task per subject (up to `stepConcurrency` at once), events of one
-    /// subject in arrival order. Returns each event's disposition.
-    func execute(_ work: [Work]) async -> [(Int, Disposition)] {
-        guard !work.isEmpty else { return [] }
-        var groups: [String: [Work]] = [:]
-        var order: [String] = []
-        for item in work {
-            if groups[item.subjectKey] == nil { order.append(item.subjectKey) }
-            groups[item.subjectKey, default: []].append(item)
-        }
-        return await withTaskGroup(of: [(Int, Disposition)].self) { group in
-            var running = 0
-            var results: [(Int, Disposition)] = []
-            for key in order {
-                if running == stepConcurrency, let done = await group.next() {
-                    results += done
-                    running -= 1
-                }
-                let items = groups[key]!
-                group.addTask {
-                    var out: [(Int, Disposition)] = []
-                    for item in items {
-                        // After one of a subject's events is left waiting, its later events wait too.
-                        guard out.allSatisfy({ $0.1 != .abandoned }), let outcome = await runSteps(item) else {
-                            out.append((item.position, .abandoned))
-                            continue
-                        }
-                        out.append((item.position, item.isNew ? .recorded(eventID: item.eventID, outcome: outcome)
-                            : .duplicate(eventID: item.eventID)))
-                    }
-                    return out
-                }
-                running += 1
-            }
-            for await done in group { results += done }
-            return results
-        }
+    /// Runs one event's steps; its disposition once they are all done or failed for good, or
+    /// `.abandoned` when the process stopped first.
+    public func run(_ work: Work) async -> Disposition {
+        guard let outcome = await runSteps(work) else { return .abandoned }
+        return work.isNew ? .recorded(eventID: work.eventID, outcome: outcome) : .duplicate(eventID: work.eventID)
     }
 
     /// Runs an event's pending steps in order and records each outcome, then the event's.
@@ -361,14 +344,36 @@ public struct EventProcessor: Sendable {
             }
             var context = work.context
             context.eventType = planned.eventType
-            var attempt = 0
+            var attempt = 0, refusals = 0
+            var previousCall: Double? = nil
+            let target = planned.action.targets.first ?? planned.action.store.map { "store:" + $0 } ?? step.kind
+            let about: Logger.Metadata = [
+                "warden.event_id": "\(work.eventID)", "warden.step": "\(step.index)", "warden.kind": "\(step.kind)",
+                "warden.target": "\(target)",
+            ]
             stepLoop: while true {
-                let outcome = await engine.executor.execute(planned.action, context: context)
+                guard breakers.allow(target) else {
+                    // The target is resting after repeated failures: wait without calling it.
+                    metrics.retried("circuit_open")
+                    guard await stop.pause(backoff(attempt)) else { return nil }
+                    attempt += 1
+                    continue
+                }
+                let calledAt = breakers.currentTime
+                var outcome = await engine.executor.execute(planned.action, context: context)
+                if case .retry = outcome {
+                    breakers.record(target, reachable: false)
+                    // The target answered someone else since our last try, yet not us: this
+                    // event, not the target, is the problem.
+                    if let previousCall, breakers.succeeded(target, since: previousCall) { refusals += 1 }
+                    previousCall = calledAt
+                    if refusals >= maximumStepAttempts, case .retry(let reason, _) = outcome {
+                        outcome = .failed("gave up after \(refusals) attempts while the target served other events: \(reason)")
+                    }
+                } else {
+                    breakers.record(target, reachable: true)
+                }
                 metrics.step(kind: step.kind, result: outcome.result)
-                let about: Logger.Metadata = [
-                    "warden.event_id": "\(work.eventID)", "warden.step": "\(step.index)", "warden.kind": "\(step.kind)",
-                    "warden.target": "\(planned.action.targets.first ?? planned.action.store ?? "")",
-                ]
                 switch outcome {
                 case .done(let detail):
                     logger.info("step done", metadata: about.merging(["warden.detail": "\(detail)"]) { $1 })

@@ -46,11 +46,15 @@ public final class KafkaIntake: Service {
     private func dispatch() async {
         let processor = self.processor, consumer = self.consumer, logger = self.logger
         let queue = WriteQueue(limit: Self.maximumUnwritten)
+        let lanes = SubjectLanes()
         await withTaskGroup(of: Void.self) { group in
             // One writer: it takes every batch prepared since its last write and writes them
             // together, in order, in one atomic ledger write. While it waits for the disk,
-            // verification goes on, so the next write is larger rather than later.
+            // verification goes on, so the next write is larger rather than later. Events with
+            // steps to run are handed to tasks of their own, one subject's in order; the
+            // writer goes on with the next batches meanwhile.
             group.addTask {
+              await withTaskGroup(of: Void.self) { steps in
                 while let ready = await queue.takeAll() {
                     var prepared = ready[0].prepared
                     var messages = ready[0].messages
@@ -61,9 +65,30 @@ public final class KafkaIntake: Service {
                         messages += next.messages
                         intake += next.intake
                     }
-                    let dispositions = await processor.record(prepared, intake)
-                    consumer.finished(zip(messages, dispositions).prefix { $0.1 != .abandoned }.map(\.0))
+                    let recorded = await processor.record(prepared, intake)
+                    // Finished out of order is fine: the commit point stops at the first
+                    // message not finished (an abandoned one is never finished).
+                    consumer.finished(zip(messages, recorded.dispositions).filter {
+                        if let d = $0.1 { d != .abandoned } else { false }
+                    }.map(\.0))
+                    for work in recorded.work {
+                        let message = messages[work.position]
+                        let turn = lanes.enter(work.subjectKey)
+                        steps.addTask {
+                            // A later event of this subject must not act before this one: when
+                            // one is abandoned (stopping), the subject's later ones are too.
+                            var done = await turn.previous?.wait() ?? true
+                            if done {
+                                done = await processor.run(work) != .abandoned
+                                if done { consumer.finished(message) }
+                            }
+                            turn.mine.open(passed: done)
+                            lanes.leave(work.subjectKey, turn.mine)
+                        }
+                    }
                 }
+                await steps.waitForAll()
+              }
             }
             var cut = false
             for await batch in consumer.batches {
@@ -192,5 +217,55 @@ final class WriteQueue: Sendable {
             return s.items.isEmpty ? s.reader : nil
         }
         reader?.resume(returning: nil)
+    }
+}
+
+/// Keeps one subject's events in order while different subjects' run at once: each event
+/// waits for the gate of the subject's previous event, which opens when that one is done.
+final class SubjectLanes: Sendable {
+    struct Turn: Sendable {
+        let previous: Gate?
+        let mine: Gate
+    }
+
+    private let last = Mutex<[String: Gate]>([:])
+
+    func enter(_ key: String) -> Turn {
+        let gate = Gate()
+        let previous = last.withLock { lanes -> Gate? in
+            defer { lanes[key] = gate }
+            return lanes[key]
+        }
+        return Turn(previous: previous, mine: gate)
+    }
+
+    /// Forgets the subject's lane when `gate` is still its last one.
+    func leave(_ key: String, _ gate: Gate) {
+        last.withLock { lanes in if lanes[key] === gate { lanes[key] = nil } }
+    }
+}
+
+/// Opens once, telling whether the event before passed (its steps done) or was abandoned;
+/// `wait` returns that once it is open.
+final class Gate: Sendable {
+    private let state = Mutex<(passed: Bool?, waiters: [CheckedContinuation<Bool, Never>])>((nil, []))
+
+    func open(passed: Bool) {
+        let waiters = state.withLock { s -> [CheckedContinuation<Bool, Never>] in
+            s.passed = passed
+            defer { s.waiters = [] }
+            return s.waiters
+        }
+        for waiter in waiters { waiter.resume(returning: passed) }
+    }
+
+    func wait() async -> Bool {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
+            let passed = state.withLock { s -> Bool? in
+                if s.passed == nil { s.waiters.append(continuation) }
+                return s.passed
+            }
+            if let passed { continuation.resume(returning: passed) }
+        }
     }
 }

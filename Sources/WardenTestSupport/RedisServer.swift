@@ -8,12 +8,15 @@ public final class RedisServer: @unchecked Sendable {
     // from one task; the other properties are constants.
     public let port: Int
     public let password: String?
+    /// Whether data survives a kill: append-only file, fsync on every write.
+    public let persistent: Bool
     private let directory: URL
     private var process: Process?
 
-    public init(password: String? = nil) throws {
+    public init(password: String? = nil, persistent: Bool = false) throws {
         self.port = try freeLoopbackPort()
         self.password = password
+        self.persistent = persistent
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("warden-redis-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         try start()
@@ -27,7 +30,8 @@ public final class RedisServer: @unchecked Sendable {
     public func start() throws {
         let p = Process()
         p.executableURL = URL(fileURLWithPath: "/usr/bin/redis-server")
-        var arguments = ["--port", String(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+        var arguments = ["--port", String(port), "--bind", "127.0.0.1", "--save", "",
+                         "--appendonly", persistent ? "yes" : "no", "--appendfsync", "always",
                          "--dir", directory.path, "--daemonize", "no", "--loglevel", "warning"]
         if let password { arguments += ["--requirepass", password] }
         p.arguments = arguments

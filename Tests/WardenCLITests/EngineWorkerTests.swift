@@ -93,3 +93,65 @@ struct EngineWorkerTests {
         #expect(second.terminate() == 0)
     }
 }
+
+extension EngineWorkerTests {
+    @Test func redisDownAndARevokeEndpointFailingForAWhileLoseNothing() async throws {
+        let redis = try RedisServer(persistent: true)
+        let revoke = try await KeyServer.start()
+        revoke.serve("/revoke", .init(body: "", status: 503, headers: ["Retry-After": "1"]))
+        let setup = try WorkerTests.Setup(extra: """
+            targets:
+              sessions: {redis: "redis://127.0.0.1:\(redis.port)/0"}
+              google-revoke: {revoke: {endpoint: "\(revoke.url("/revoke"))", auth: client_secret_post, client-id: w, client-secret: s}}
+            token-stores:
+              tokens: {redis: sessions, hash: "oauth-tokens:{user}", index: "oauth-token-index"}
+            policy:
+              tokens-revoked:
+                - purge-set: {target: sessions, set: "user-sessions:{user}"}
+                - revoke-tokens: {store: tokens, target: google-revoke}
+            """)
+        defer { setup.cleanUp() }
+        _ = try redis.cli(["SADD", "user-sessions:u1", "session:u1:a"])
+        _ = try redis.cli(["SET", "session:u1:a", "x"])
+        _ = try redis.cli(["SADD", "user-sessions:u2", "session:u2:a"])
+        _ = try redis.cli(["SET", "session:u2:a", "x"])
+        _ = try redis.cli(["HSET", "oauth-tokens:u1", "t1", "1//0g-held-one", "t2", "1//0g-held-two"])
+        redis.stop()
+
+        let worker = try WorkerProcess(config: setup.config)
+        let port = try await worker.httpPort()
+        try WorkerTests.produce(setup.cluster.bootstrapServers, [
+            ("u1", try token(.tokensRevoked, subject: "u1")),
+            ("u2", try token(.sessionsRevoked, subject: "u2")),
+        ])
+        // Both events wait while Redis is down; the metrics show it.
+        try await WorkerTests.waitFor("steps retried against the stopped Redis") {
+            let metrics = try await WorkerTests.httpGet(port, "/metrics").1
+            return metrics.contains(#"warden_steps_total{kind="purge-set",result="retry"}"#)
+        }
+        #expect(try SQLiteLedgerReader(path: setup.ledgerPath).events().allSatisfy { $0.outcome == "pending" })
+
+        try redis.start()
+        try await WorkerTests.waitFor("u2 processed once Redis is back") {
+            try SQLiteLedgerReader(path: setup.ledgerPath).events().contains { $0.outcome == "processed" }
+        }
+        #expect(try redis.cli(["EXISTS", "session:u2:a", "session:u1:a"]) == "0")
+        // u1's tokens wait for the revocation endpoint.
+        try await WorkerTests.waitFor("revocation retried") { revoke.requests("/revoke") >= 2 }
+        #expect(try redis.cli(["HLEN", "oauth-tokens:u1"]) == "2")
+
+        revoke.serve("/revoke", .init(body: ""))
+        try await WorkerTests.waitFor("every event processed") {
+            let events = try SQLiteLedgerReader(path: setup.ledgerPath).events()
+            return events.count == 2 && events.allSatisfy { $0.outcome == "processed" }
+        }
+        let revoked = revoke.recordedRequests("/revoke").filter { _ in true }.map(\.body)
+        #expect(revoked.contains { $0.contains("token=1%2F%2F0g-held-one") })
+        #expect(revoked.contains { $0.contains("token=1%2F%2F0g-held-two") })
+        #expect(try redis.cli(["EXISTS", "oauth-tokens:u1"]) == "0")
+        let metrics = try await WorkerTests.httpGet(port, "/metrics").1
+        #expect(!metrics.contains("warden_dead_letters_total 1"))
+        #expect(metrics.contains(#"warden_steps_total{kind="revoke-tokens",result="done"} 1"#))
+        #expect(worker.terminate() == 0)
+    }
+}

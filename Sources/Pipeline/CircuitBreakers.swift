@@ -1,0 +1,80 @@
+import Foundation
+import Synchronization
+
+/// One circuit breaker per target. After `threshold` retryable failures in a row the target is
+/// left alone for `cooldown` seconds (doubling while it stays down, up to `maximumCooldown`);
+/// then one call is let through to try it. Events meanwhile wait — nothing is dropped. The
+/// breaker also tells whether a target has succeeded since a moment, so an event the target
+/// keeps refusing while serving others can be told from a target that is down.
+final class CircuitBreakers: Sendable {
+    struct Settings: Sendable {
+        var threshold = 5
+        var cooldown: Double = 5
+        var maximumCooldown: Double = 300
+    }
+
+    private struct Breaker {
+        var failures = 0
+        var openUntil: Double? = nil
+        var cooldown: Double
+        var trialInFlight = false
+        var lastSuccess: Double = 0
+
+        init(cooldown: Double, lastSuccess: Double = 0) {
+            self.cooldown = cooldown
+            self.lastSuccess = lastSuccess
+        }
+    }
+
+    let settings: Settings
+    private let now: @Sendable () -> Double
+    private let breakers = Mutex<[String: Breaker]>([:])
+
+    init(settings: Settings = Settings(), now: @escaping @Sendable () -> Double = { Date().timeIntervalSince1970 }) {
+        self.settings = settings
+        self.now = now
+    }
+
+    /// Whether a call to `target` may be made now.
+    func allow(_ target: String) -> Bool {
+        let t = now()
+        return breakers.withLock { all in
+            var b = all[target] ?? Breaker(cooldown: settings.cooldown)
+            defer { all[target] = b }
+            guard let until = b.openUntil else { return true }
+            if t < until || b.trialInFlight { return false }
+            b.trialInFlight = true  // half-open: one trial call
+            return true
+        }
+    }
+
+    /// Records a call's result: `reachable` is false for retryable failures (down, 5xx, 429).
+    func record(_ target: String, reachable: Bool) {
+        let t = now()
+        breakers.withLock { all in
+            var b = all[target] ?? Breaker(cooldown: settings.cooldown)
+            defer { all[target] = b }
+            b.trialInFlight = false
+            if reachable {
+                b = Breaker(cooldown: settings.cooldown, lastSuccess: t)
+                return
+            }
+            b.failures += 1
+            if b.openUntil != nil {
+                b.cooldown = min(settings.maximumCooldown, b.cooldown * 2)
+                b.openUntil = t + b.cooldown
+            } else if b.failures >= settings.threshold {
+                b.openUntil = t + b.cooldown
+            }
+        }
+    }
+
+    func isOpen(_ target: String) -> Bool { breakers.withLock { $0[target]?.openUntil != nil } }
+
+    /// Whether `target` answered a call successfully after `moment`.
+    func succeeded(_ target: String, since moment: Double) -> Bool {
+        breakers.withLock { ($0[target]?.lastSuccess ?? 0) > moment }
+    }
+
+    var currentTime: Double { now() }
+}
