@@ -4,7 +4,7 @@ SWIFT ?= swift
 # Debian packages the build and the tests use.
 APT_PACKAGES := libssl-dev openssl python3-jsonschema librdkafka-dev libsqlite3-dev sqlite3 kcat python3-confluent-kafka libhiredis-dev redis-server
 
-.PHONY: deps build run test bench bench-pipeline schemas clean
+.PHONY: deps build run test bench bench-pipeline bench-engine schemas clean
 
 deps:
 	@missing=""; for p in $(APT_PACKAGES); do \
@@ -39,6 +39,12 @@ bench-pipeline: deps
 	$(SWIFT) build -c release --product warden
 	$(SWIFT) build -c release --product PipelineBenchmark
 	Benchmarks/pipeline.sh $$($(SWIFT) build -c release --show-bin-path)
+
+# The same with actions: every event purges a user's sessions on a real redis-server.
+bench-engine: deps
+	$(SWIFT) build -c release --product warden
+	$(SWIFT) build -c release --product PipelineBenchmark
+	Benchmarks/pipeline.sh $$($(SWIFT) build -c release --show-bin-path) 64000 redis
 
 clean:
 	rm -rf .build

@@ -163,7 +163,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "PipelineBenchmark",
-            dependencies: ["TokenVerification", "SETMinting", "SecurityEvents", "Kafka", "Ledger",
+            dependencies: ["TokenVerification", "SETMinting", "SecurityEvents", "Kafka", "Ledger", "WardenTestSupport",
                            .product(name: "Logging", package: "swift-log")],
             path: "Benchmarks/PipelineBenchmark",
             swiftSettings: strict

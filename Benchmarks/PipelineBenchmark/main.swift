@@ -2,8 +2,10 @@
 // cluster, over TCP) → verify (RS256) → ledger claim and record (SQLite) → offset commit, with
 // no actions beyond recording. Beside it: verification alone on one core, and the machine's
 // two-core RSA verify limit from `openssl speed -multi 2 rsa2048` (passed in by the script).
-// Run: `make bench-pipeline`.
-// Arguments: [tokens] [two-core openssl verify/s].
+// Run: `make bench-pipeline`. With `redis` as third argument (`make bench-engine`) every event
+// also acts: the built-in policy purges the user's session set on a real redis-server (each of
+// the users holds two sessions), and the time runs until every event's step is done.
+// Arguments: [tokens] [two-core openssl verify/s] [redis].
 import Foundation
 import Kafka
 import Ledger
@@ -11,10 +13,12 @@ import Logging
 import SETMinting
 import SecurityEvents
 import TokenVerification
+import WardenTestSupport
 
 let arguments = CommandLine.arguments
 let count = arguments.count > 1 ? Int(arguments[1]) ?? 64_000 : 64_000
 let limit = arguments.count > 2 ? Double(arguments[2]) : nil
+let withRedis = arguments.count > 3 && arguments[3] == "redis"
 // The mock cluster keeps ~5 MiB per partition: 16 partitions hold 64k tokens of ~830 bytes.
 let partitions = max(16, count / 4000)
 let issuer = "https://accounts.google.com/"
@@ -35,7 +39,8 @@ final class TokenStore: @unchecked Sendable {
 let store = TokenStore()
 DispatchQueue.concurrentPerform(iterations: 2) { worker in
     for i in stride(from: worker, to: count, by: 2) {
-        let subject = "user-\(i % 5000)"
+        // With Redis, one user per event, so every purge has sessions to delete.
+        let subject = withRedis ? "user-\(i)" : "user-\(i % 5000)"
         let claims = SETMinter.riscClaims(issuer: issuer, audience: audience, event: .sessionsRevoked, subject: subject,
                                           jti: "bench-\(i)")
         store.lines[i] = subject + "\t" + (try! SETMinter.token(claims: claims, key: key))
@@ -101,6 +106,21 @@ defer { try? FileManager.default.removeItem(at: directory) }
 try jwks.write(to: directory.appendingPathComponent("jwks.json"), atomically: true, encoding: .utf8)
 let tokensFile = directory.appendingPathComponent("tokens.tsv")
 try (store.lines.joined(separator: "\n") + "\n").write(to: tokensFile, atomically: true, encoding: .utf8)
+// With Redis: a server, and two sessions listed in each user's set.
+let redis: RedisServer? = withRedis ? try RedisServer() : nil
+var redisTarget = ""
+if let redis {
+    redisTarget = "targets: {sessions: {redis: \"redis://127.0.0.1:\(redis.port)/0\"}}"
+    let commands = (0..<count).map { "SET session:user-\($0):a 1\r\nSET session:user-\($0):b 1\r\nSADD user-sessions:user-\($0) session:user-\($0):a session:user-\($0):b\r\n" }.joined()
+    let seed = directory.appendingPathComponent("seed.txt")
+    try commands.write(to: seed, atomically: true, encoding: .utf8)
+    let pipe = Process()
+    pipe.executableURL = URL(fileURLWithPath: "/bin/sh")
+    pipe.arguments = ["-c", "redis-cli -p \(redis.port) --pipe < '\(seed.path)' > /dev/null"]
+    try pipe.run()
+    pipe.waitUntilExit()
+    print("redis-server seeded: \(try redis.cli(["DBSIZE"])) keys (two sessions and a set per user)")
+}
 let config = directory.appendingPathComponent("warden.yaml")
 try """
 issuers:
@@ -114,6 +134,7 @@ kafka:
   properties: {session.timeout.ms: "6000"}
 http: {listen: "127.0.0.1:0"}
 ledger: sqlite:ledger.sqlite
+\(redisTarget)
 """.write(to: config, atomically: true, encoding: .utf8)
 
 // Produce everything first with kcat (an independent client), keyed by subject.
@@ -175,8 +196,8 @@ var last: (Date, Int) = (Date(), 0)
 let deadline = Date().addingTimeInterval(600)
 while Date() < deadline {
     try await Task.sleep(for: .milliseconds(100))
-    guard FileManager.default.fileExists(atPath: ledgerPath),
-          let latest = try? SQLiteLedgerReader(path: ledgerPath).latestEventID() else { continue }
+    guard FileManager.default.fileExists(atPath: ledgerPath), let reader = try? SQLiteLedgerReader(path: ledgerPath),
+          let latest = try? (withRedis ? Int64(reader.eventCount(outcome: .processed)) : reader.latestEventID()) else { continue }
     let n = Int(latest)
     if n > 0, firstSeen == nil { firstSeen = (Date(), n) }
     last = (Date(), n)
@@ -195,7 +216,12 @@ worker.terminate()
 worker.waitUntilExit()
 guard let (t0, n0) = firstSeen, last.1 >= count else { fatalError("the worker recorded \(last.1) of \(count) events") }
 let rate = Double(last.1 - n0) / last.0.timeIntervalSince(t0)
-print("warden run end to end (Kafka → verify → SQLite ledger → commit), \(count) SETs, \(partitions) partitions: \(Int(rate)) SETs/s")
+if let redis {
+    print("warden run end to end (Kafka → verify → SQLite ledger with outbox → Redis purge-set → step recorded → commit), \(count) SETs, \(partitions) partitions: \(Int(rate)) SETs/s")
+    print("redis-server keys left after the run: \(try redis.cli(["DBSIZE"])) (0 = every session purged)")
+} else {
+    print("warden run end to end (Kafka → verify → SQLite ledger → commit), \(count) SETs, \(partitions) partitions: \(Int(rate)) SETs/s")
+}
 if let workerCPU {
     print("worker CPU time per event (whole run, start-up included): \(Int(workerCPU / Double(count) * 1e6)) µs; verification alone: \(Int(1e6 / verifyRate)) µs")
 }

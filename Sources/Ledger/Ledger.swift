@@ -10,7 +10,9 @@ public protocol Ledger: Sendable {
     /// Records what became of a claimed event.
     func record(outcome: EventOutcome, forEvent eventID: Int64) async throws(LedgerError)
     /// Records that one step of an event is done or failed for good; it is never run again.
-    func recordStep(_ index: Int, of eventID: Int64, status: StepStatus, detail: String) async throws(LedgerError)
+    /// With `finishing`, the event's outcome is recorded in the same write (its last step).
+    func recordStep(_ index: Int, of eventID: Int64, status: StepStatus, detail: String, finishing: EventOutcome?)
+        async throws(LedgerError)
     /// An event's steps in order, with their status: after a crash, the pending ones are what
     /// is left to do.
     func steps(ofEvent eventID: Int64) async throws(LedgerError) -> [OutboxStep]
@@ -23,6 +25,12 @@ public protocol Ledger: Sendable {
     func isReachable() async -> Bool
     /// Finishes pending writes and closes.
     func close() async
+}
+
+extension Ledger {
+    public func recordStep(_ index: Int, of eventID: Int64, status: StepStatus, detail: String) async throws(LedgerError) {
+        try await recordStep(index, of: eventID, status: status, detail: detail, finishing: nil)
+    }
 }
 
 /// One planned step of an event, as the outbox keeps it.

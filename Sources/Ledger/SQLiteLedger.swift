@@ -166,11 +166,18 @@ public final class SQLiteLedger: Ledger {
         }
     }
 
-    public func recordStep(_ index: Int, of eventID: Int64, status: StepStatus, detail: String) async throws(LedgerError) {
+    public func recordStep(_ index: Int, of eventID: Int64, status: StepStatus, detail: String, finishing: EventOutcome?)
+        async throws(LedgerError)
+    {
         try await writer.submit { db in
+            let now = Date().timeIntervalSince1970
             try db.cachedStatement(sql: "UPDATE steps SET status = ?, detail = ?, updated_at = ? WHERE event_id = ? AND idx = ?")
-                .execute(arguments: [status.rawValue, detail, Date().timeIntervalSince1970, eventID, index])
+                .execute(arguments: [status.rawValue, detail, now, eventID, index])
             guard db.changesCount == 1 else { throw LedgerError("event \(eventID) has no step \(index) in the ledger") }
+            if let finishing {
+                try db.cachedStatement(sql: "UPDATE events SET outcome = ?, updated_at = ? WHERE id = ?")
+                    .execute(arguments: [finishing.rawValue, now, eventID])
+            }
         }
     }
 
@@ -222,6 +229,13 @@ public struct SQLiteLedgerReader: Sendable {
     }
 
     public func deliveries() throws(LedgerError) -> [StoredDelivery] { try Self.deliveries(database) }
+
+    /// How many events have this outcome.
+    public func eventCount(outcome: EventOutcome) throws(LedgerError) -> Int {
+        try Self.read(database) { db in
+            try Int.fetchOne(db, sql: "SELECT count(*) FROM events WHERE outcome = ?", arguments: [outcome.rawValue]) ?? 0
+        }
+    }
 
     /// The id of the newest event: how many events were ever recorded (ids are never reused),
     /// read without scanning the table.

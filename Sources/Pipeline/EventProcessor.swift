@@ -255,7 +255,7 @@ public struct EventProcessor: Sendable {
                 if plan.isUnresolved {
                     logger.notice("subject resolved to no local user; steps that need one were not planned", metadata: metadata(verified.token, message, eventID: id))
                 }
-                let steps = plan.steps.map { OutboxStep(index: $0.index, kind: $0.action.kind, action: Self.encode($0)) }
+                guard case .event(_, _, let steps) = prepared.entries[i] else { preconditionFailure("entries follow verdicts") }
                 let outcome: EventOutcome = plan.isUnresolved ? .unresolved : .processed
                 if steps.isEmpty {
                     metrics.outcome(outcome.rawValue)
@@ -263,7 +263,7 @@ public struct EventProcessor: Sendable {
                     dispositions[i] = .recorded(eventID: id, outcome: outcome)
                 } else {
                     dispositions[i] = nil
-                    work.append(Work(position: i, eventID: id, isNew: true, steps: steps, outcomeIfDone: outcome,
+                    work.append(Work(position: i, eventID: id, isNew: true, steps: steps, planned: plan.steps, outcomeIfDone: outcome,
                                      context: StepContext(token: verified.token, user: user), message: message))
                 }
             case (.valid(let verified, let user, let plan), .duplicate(let id)?):
@@ -311,6 +311,8 @@ public struct EventProcessor: Sendable {
         var eventID: Int64
         var isNew: Bool
         var steps: [OutboxStep]
+        /// The steps as planned, for a new event (a resumed one reads them from its outbox).
+        var planned: [PlannedStep] = []
         var outcomeIfDone: EventOutcome
         var context: StepContext
         var message: IntakeMessage
@@ -334,12 +336,17 @@ public struct EventProcessor: Sendable {
     /// Returns nil when the process stops while a step waits to be retried.
     func runSteps(_ work: Work) async -> EventOutcome? {
         var failed = false
+        var finished = false
         for step in work.steps {
-            guard let planned = Self.decode(step.action) else {
+            let isLast = step.index == work.steps.last?.index
+            guard let planned = work.planned.first(where: { $0.index == step.index }) ?? Self.decode(step.action) else {
                 // Cannot happen with this version's ledger; refuse to guess what to do.
                 failed = true
-                _ = await retrying("ledger") { try await ledger.recordStep(step.index, of: work.eventID, status: .failed,
-                                                                           detail: "the step in the ledger cannot be read") }
+                guard await retrying("ledger", { try await ledger.recordStep(step.index, of: work.eventID, status: .failed,
+                                                                             detail: "the step in the ledger cannot be read",
+                                                                             finishing: isLast ? .failed : nil) }) != nil
+                else { return nil }
+                finished = isLast
                 continue
             }
             var context = work.context
@@ -377,8 +384,11 @@ public struct EventProcessor: Sendable {
                 switch outcome {
                 case .done(let detail):
                     logger.info("step done", metadata: about.merging(["warden.detail": "\(detail)"]) { $1 })
-                    guard await retrying("ledger", { try await ledger.recordStep(step.index, of: work.eventID, status: .done, detail: detail) })
+                    let finishing: EventOutcome? = isLast ? (failed ? .failed : work.outcomeIfDone) : nil
+                    guard await retrying("ledger", { try await ledger.recordStep(step.index, of: work.eventID, status: .done,
+                                                                                 detail: detail, finishing: finishing) })
                         != nil else { return nil }
+                    finished = isLast
                     break stepLoop
                 case .failed(let reason):
                     failed = true
@@ -390,8 +400,10 @@ public struct EventProcessor: Sendable {
                         return true
                     }) != nil else { return nil }
                     metrics.deadLettered()
-                    guard await retrying("ledger", { try await ledger.recordStep(step.index, of: work.eventID, status: .failed, detail: reason) })
+                    guard await retrying("ledger", { try await ledger.recordStep(step.index, of: work.eventID, status: .failed,
+                                                                                 detail: reason, finishing: isLast ? .failed : nil) })
                         != nil else { return nil }
+                    finished = isLast
                     break stepLoop
                 case .retry(let reason, let after):
                     metrics.retried("step")
@@ -405,7 +417,9 @@ public struct EventProcessor: Sendable {
             }
         }
         let outcome: EventOutcome = failed ? .failed : work.outcomeIfDone
-        guard await retrying("ledger", { try await ledger.record(outcome: outcome, forEvent: work.eventID) }) != nil else { return nil }
+        if !finished {
+            guard await retrying("ledger", { try await ledger.record(outcome: outcome, forEvent: work.eventID) }) != nil else { return nil }
+        }
         if work.isNew { metrics.outcome(outcome.rawValue) }
         logger.info("event's steps finished", metadata: [
             "warden.event_id": "\(work.eventID)", "warden.outcome": "\(outcome.rawValue)", "warden.source": "\(work.message.source)",

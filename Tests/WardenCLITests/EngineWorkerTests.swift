@@ -132,8 +132,12 @@ extension EngineWorkerTests {
         #expect(try SQLiteLedgerReader(path: setup.ledgerPath).events().allSatisfy { $0.outcome == "pending" })
 
         try redis.start()
-        try await WorkerTests.waitFor("u2 processed once Redis is back") {
-            try SQLiteLedgerReader(path: setup.ledgerPath).events().contains { $0.outcome == "processed" }
+        try await WorkerTests.waitFor("u2 processed and u1's sessions purged once Redis is back") {
+            let reader = try SQLiteLedgerReader(path: setup.ledgerPath)
+            let events = try reader.events()
+            guard events.contains(where: { $0.outcome == "processed" }),
+                  let u1 = events.first(where: { $0.eventTypes.contains("tokens-revoked") }) else { return false }
+            return try reader.steps(ofEvent: u1.id).first?.status == .done
         }
         #expect(try redis.cli(["EXISTS", "session:u2:a", "session:u1:a"]) == "0")
         // u1's tokens wait for the revocation endpoint.
