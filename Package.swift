@@ -29,6 +29,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-metrics", from: "2.13.0"),
         .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.4.1"),
         .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
+        .package(url: "https://github.com/vapor/postgres-nio", from: "1.33.2"),
     ],
     targets: [
         // Thin C layer over Debian's OpenSSL libcrypto: public keys from JWK members and
@@ -69,7 +70,11 @@ let package = Package(
         // Durable state: de-duplication claims, event records, outcomes.
         .target(
             name: "Ledger",
-            dependencies: [.product(name: "GRDB", package: "GRDB.swift")],
+            dependencies: [
+                .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
             swiftSettings: strict
         ),
         // Debian's libhiredis-dev, and one thin Swift client over it (pool, pipelining, AUTH,
@@ -210,7 +215,7 @@ let package = Package(
         ),
         .testTarget(
             name: "LedgerTests",
-            dependencies: ["Ledger"],
+            dependencies: ["Ledger", "WardenTestSupport", .product(name: "Logging", package: "swift-log")],
             swiftSettings: testSettings
         ),
         .testTarget(

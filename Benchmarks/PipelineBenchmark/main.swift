@@ -214,6 +214,8 @@ let workerCPU: Double? = {
 }()
 worker.terminate()
 worker.waitUntilExit()
+// Globals are never released: stop the server here rather than leave it running.
+defer { redis?.stop() }
 guard let (t0, n0) = firstSeen, last.1 >= count else { fatalError("the worker recorded \(last.1) of \(count) events") }
 let rate = Double(last.1 - n0) / last.0.timeIntervalSince(t0)
 if let redis {

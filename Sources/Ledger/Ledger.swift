@@ -21,6 +21,10 @@ public protocol Ledger: Sendable {
     /// Claims and rejections in one atomic write, in order: all are recorded or none. Returns the
     /// claim of each event entry (nil for rejections).
     func record(_ entries: [LedgerEntry]) async throws(LedgerError) -> [Claim?]
+    /// Every event, oldest first (reports, tests).
+    func events() async throws(LedgerError) -> [StoredEvent]
+    /// Every delivery recorded besides an event's first (duplicates, rejections), oldest first.
+    func deliveries() async throws(LedgerError) -> [StoredDelivery]
     /// Whether the ledger can be written.
     func isReachable() async -> Bool
     /// Finishes pending writes and closes.

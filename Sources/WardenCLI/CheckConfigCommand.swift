@@ -36,6 +36,7 @@ extension WardenCommand {
             }
             switch c.ledger {
             case .sqlite(let path)?: lines.append("ledger: sqlite \(path)")
+            case .postgres(let location)?: lines.append("ledger: \(location)")
             case nil: lines.append("ledger: not configured (warden run needs it)")
             }
             lines.append("http: \(c.http.host):\(c.http.port) (/healthz, /readyz, /metrics)")

@@ -59,10 +59,6 @@ struct Worker {
 
     func run() async throws {
         let kafka = configuration.kafka!
-        let ledgerPath: String
-        switch configuration.ledger! {
-        case .sqlite(let path): ledgerPath = path
-        }
 
         var cluster: EmbeddedKafkaCluster? = nil
         var brokers = kafka.brokers
@@ -77,8 +73,15 @@ struct Worker {
         // The cluster lives as long as this function.
         defer { withExtendedLifetime(cluster) {} }
 
-        let ledger = try SQLiteLedger(path: ledgerPath)
-        announce("ledger: sqlite \(ledgerPath)")
+        let ledger: any Ledger
+        switch configuration.ledger! {
+        case .sqlite(let path):
+            ledger = try SQLiteLedger(path: path)
+            announce("ledger: sqlite \(path)")
+        case .postgres(let location):
+            ledger = try await PostgresLedger(location, logger: logger)
+            announce("ledger: \(location)")
+        }
         let client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: .init(redirectConfiguration: .disallow))
         let verifier = configuration.makeVerifier(client: client, logger: logger)
         let registry = PrometheusCollectorRegistry()

@@ -1,3 +1,4 @@
+public import Ledger
 import Foundation
 
 /// The `kafka:` section.
@@ -76,6 +77,8 @@ public struct HTTPSettings: Sendable, Equatable {
 public enum LedgerLocation: Sendable, Equatable {
     /// `sqlite:///absolute/path`, `sqlite:relative/path` (relative to the configuration file).
     case sqlite(path: String)
+    /// `postgres://user[:password]@host[:port]/database`: shared by every replica.
+    case postgres(PostgresLedger.Location)
 
     static func parse(_ r: ConfigReader) throws(ConfigError) -> LedgerLocation {
         guard let text = try r.string() else {
@@ -92,9 +95,12 @@ public enum LedgerLocation: Sendable, Equatable {
             return .sqlite(path: path.hasPrefix("/") ? path : r.baseDirectory.appendingPathComponent(path).standardizedFileURL.path)
         }
         if text.hasPrefix("postgres://") || text.hasPrefix("postgresql://") {
-            throw r.error("the PostgreSQL ledger is not available in this version; use sqlite:")
+            switch PostgresLedger.Location.parse(text) {
+            case .success(let location): return .postgres(location)
+            case .failure(let error): throw r.error(error.message)
+            }
         }
-        throw r.error("\"\(text)\" is not a ledger URL (sqlite:///path or sqlite:relative/path)")
+        throw r.error("\"\(text.hasPrefix("postgres") ? "postgres://…" : text)\" is not a ledger URL (sqlite:///path, sqlite:relative/path or postgres://user@host/database)")
     }
 }
 

@@ -159,3 +159,39 @@ extension EngineWorkerTests {
         #expect(worker.terminate() == 0)
     }
 }
+
+extension EngineWorkerTests {
+    @Test func twoWorkersShareAPostgreSQLLedger() async throws {
+        let postgres = try PostgresServer()
+        let database = try postgres.createDatabase()
+        let redis = try RedisServer()
+        let setup = try WorkerTests.Setup(ledger: "postgres://\(postgres.username)@127.0.0.1:\(postgres.port)/\(database)", extra: """
+            targets:
+              sessions: {redis: "redis://127.0.0.1:\(redis.port)/0"}
+            """)
+        defer { setup.cleanUp() }
+        for i in 0..<40 {
+            _ = try redis.cli(["SADD", "user-sessions:p\(i)", "session:p\(i)"])
+            _ = try redis.cli(["SET", "session:p\(i)", "x"])
+        }
+        let first = try WorkerProcess(config: setup.config), second = try WorkerProcess(config: setup.config)
+        _ = try await first.httpPort()
+        _ = try await second.httpPort()
+        #expect(first.standardOutput.contains("warden: ledger: postgres://\(postgres.username)@127.0.0.1:\(postgres.port)/\(database)"))
+        var messages: [(key: String, value: String)] = []
+        for i in 0..<40 { messages.append(("p\(i)", try token(.sessionsRevoked, subject: "p\(i)", jti: "pg-\(i)"))) }
+        messages.append(("p0", try token(.sessionsRevoked, subject: "p0", jti: "pg-0")))  // a duplicate
+        try WorkerTests.produce(setup.cluster.bootstrapServers, messages)
+        try await WorkerTests.waitFor("40 events processed in PostgreSQL") {
+            try postgres.psql(database, "SELECT count(*) FROM events WHERE outcome = 'processed'") == "40"
+        }
+        try await WorkerTests.waitFor("the duplicate recorded") {
+            try postgres.psql(database, "SELECT count(*) FROM deliveries WHERE verdict = 'duplicate'") == "1"
+        }
+        #expect(try postgres.psql(database, "SELECT count(DISTINCT jti) FROM events") == "40")
+        #expect(try postgres.psql(database, "SELECT count(*) FROM steps WHERE status = 'done'") == "40")
+        #expect(try redis.cli(["DBSIZE"]) == "0")
+        #expect(first.terminate() == 0)
+        #expect(second.terminate() == 0)
+    }
+}

@@ -34,7 +34,8 @@ struct WorkerTests {
         let config: URL
         var ledgerPath: String { directory.appendingPathComponent("ledger.sqlite").path }
 
-        init(partitions: Int = 4, keySource: String = "jwks-file: jwks.json", extra: String = "") throws {
+        init(partitions: Int = 4, keySource: String = "jwks-file: jwks.json", ledger: String = "sqlite:ledger.sqlite",
+             extra: String = "") throws {
             cluster = try EmbeddedKafkaCluster(topics: [("security-events", partitions), ("security-events.dlq", 1)],
                                                logger: WorkerTests.quiet)
             directory = try Warden.temporaryDirectory()
@@ -59,7 +60,7 @@ struct WorkerTests {
                 heartbeat.interval.ms: "500"
             http:
               listen: 127.0.0.1:0
-            ledger: sqlite:ledger.sqlite
+            ledger: \(ledger)
             \(extra)
             """.write(to: config, atomically: true, encoding: .utf8)
         }

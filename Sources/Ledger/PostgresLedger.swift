@@ -1,0 +1,309 @@
+import Foundation
+public import Logging
+internal import PostgresNIO
+
+/// The ledger in PostgreSQL, shared by every replica: the unique (issuer, jti) constraint is the
+/// one place a claim is decided, and the outbox is seen by all. Each write is one transaction;
+/// migrations take an advisory lock, so replicas starting together migrate once.
+public final class PostgresLedger: Ledger {
+    public struct Location: Sendable, Hashable, CustomStringConvertible {
+        public var host: String
+        public var port: Int
+        public var username: String
+        public var password: String?
+        public var database: String
+
+        public init(host: String, port: Int = 5432, username: String, password: String? = nil, database: String) {
+            self.host = host
+            self.port = port
+            self.username = username
+            self.password = password
+            self.database = database
+        }
+
+        /// `postgres://user[:password]@host[:port]/database`; the error never shows the password.
+        public static func parse(_ text: String) -> Result<Location, LedgerError> {
+            guard text.hasPrefix("postgres://") || text.hasPrefix("postgresql://"), let c = URLComponents(string: text),
+                  let host = c.host, !host.isEmpty, let user = c.user, !user.isEmpty
+            else {
+                return .failure(LedgerError("expected postgres://user[:password]@host[:port]/database"))
+            }
+            let database = c.path.trimmingCharacters(in: CharacterSet(charactersIn: "/"))
+            guard !database.isEmpty else { return .failure(LedgerError("the URL names no database (postgres://user@host/database)")) }
+            return .success(Location(host: host, port: c.port ?? 5432, username: user.removingPercentEncoding ?? user,
+                                     password: c.password.map { $0.removingPercentEncoding ?? $0 }, database: database))
+        }
+
+        public var description: String { "postgres://\(username)@\(host):\(port)/\(database)" }
+    }
+
+    public let location: Location
+    private let client: PostgresClient
+    private let running: Task<Void, Never>
+    private let logger: Logger
+
+    /// Connects and migrates; retries for a while when the server is not up yet.
+    public init(_ location: Location, logger: Logger) async throws(LedgerError) {
+        self.location = location
+        self.logger = logger
+        var configuration = PostgresClient.Configuration(host: location.host, port: location.port, username: location.username,
+                                                         password: location.password, database: location.database, tls: .disable)
+        configuration.options.maximumConnections = 8
+        configuration.options.connectTimeout = .seconds(5)
+        let client = PostgresClient(configuration: configuration, backgroundLogger: logger)
+        self.client = client
+        running = Task { await client.run() }
+        var attempt = 0
+        while true {
+            do {
+                try await migrate()
+                return
+            } catch {
+                attempt += 1
+                if attempt >= 20 {
+                    running.cancel()
+                    throw LedgerError("cannot open the PostgreSQL ledger at \(location): \(Self.describe(error))")
+                }
+                try? await Task.sleep(for: .milliseconds(250))
+            }
+        }
+    }
+
+    /// Versioned migrations, each once, in order, under an advisory lock.
+    static let migrations: [(String, [String])] = [
+        ("v1-events", [
+            """
+            CREATE TABLE events (
+                id BIGSERIAL PRIMARY KEY,
+                issuer TEXT NOT NULL,
+                jti TEXT NOT NULL,
+                token TEXT NOT NULL,
+                source TEXT NOT NULL,
+                event_types TEXT NOT NULL,
+                subject TEXT,
+                key_id TEXT NOT NULL,
+                algorithm TEXT NOT NULL,
+                key_thumbprint TEXT NOT NULL,
+                issued_at DOUBLE PRECISION NOT NULL,
+                received_at DOUBLE PRECISION NOT NULL,
+                outcome TEXT NOT NULL,
+                steps TEXT NOT NULL DEFAULT '[]',
+                updated_at DOUBLE PRECISION NOT NULL,
+                UNIQUE (issuer, jti)
+            )
+            """,
+            """
+            CREATE TABLE deliveries (
+                id BIGSERIAL PRIMARY KEY,
+                event_id BIGINT REFERENCES events(id),
+                source TEXT NOT NULL,
+                received_at DOUBLE PRECISION NOT NULL,
+                verdict TEXT NOT NULL CHECK (verdict IN ('duplicate', 'invalid')),
+                error_code TEXT,
+                error_description TEXT,
+                token BYTEA
+            )
+            """,
+            "CREATE INDEX deliveries_event ON deliveries(event_id)",
+        ]),
+        ("v2-outbox", [
+            """
+            CREATE TABLE steps (
+                event_id BIGINT NOT NULL REFERENCES events(id),
+                idx INTEGER NOT NULL,
+                kind TEXT NOT NULL,
+                action TEXT NOT NULL,
+                status TEXT NOT NULL CHECK (status IN ('pending', 'done', 'failed')),
+                detail TEXT,
+                updated_at DOUBLE PRECISION NOT NULL,
+                PRIMARY KEY (event_id, idx)
+            )
+            """,
+        ]),
+    ]
+
+    private func migrate() async throws {
+        try await client.withTransaction(logger: logger) { connection in
+            // One migrating replica at a time; the others find the work done.
+            try await connection.query("SELECT pg_advisory_xact_lock(7402117)", logger: logger)
+            try await connection.query("CREATE TABLE IF NOT EXISTS warden_migrations (name TEXT PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)",
+                                       logger: logger)
+            var applied = Set<String>()
+            for try await name in try await connection.query("SELECT name FROM warden_migrations", logger: logger).decode(String.self) {
+                applied.insert(name)
+            }
+            for (name, statements) in Self.migrations where !applied.contains(name) {
+                for statement in statements { try await connection.query(PostgresQuery(unsafeSQL: statement), logger: logger) }
+                let now = Date().timeIntervalSince1970
+                try await connection.query("INSERT INTO warden_migrations (name, applied_at) VALUES (\(name), \(now))", logger: logger)
+            }
+        }
+    }
+
+    // MARK: - Writes
+
+    public func claim(_ event: LedgerEvent, outcome: EventOutcome, steps: [OutboxStep]) async throws(LedgerError) -> Claim {
+        try await record([.event(event, outcome: outcome, steps: steps)])[0]!
+    }
+
+    public func record(_ entries: [LedgerEntry]) async throws(LedgerError) -> [Claim?] {
+        try await transaction("record") { connection in
+            var claims: [Claim?] = []
+            for entry in entries {
+                switch entry {
+                case .event(let event, let outcome, let steps):
+                    claims.append(try await self.claim(event, outcome: outcome, steps: steps, on: connection))
+                case .rejection(let rejection):
+                    try await self.insert(rejection, on: connection)
+                    claims.append(nil)
+                }
+            }
+            return claims
+        }
+    }
+
+    private func claim(_ e: LedgerEvent, outcome: EventOutcome, steps: [OutboxStep], on connection: PostgresConnection) async throws
+        -> Claim
+    {
+        let types = jsonArray(e.eventTypes), kinds = jsonArray(steps.map(\.kind))
+        let inserted = try await connection.query("""
+            INSERT INTO events (issuer, jti, token, source, event_types, subject, key_id, algorithm, key_thumbprint,
+                                issued_at, received_at, outcome, steps, updated_at)
+            VALUES (\(e.issuer), \(e.jti), \(e.token), \(e.source), \(types), \(e.subject), \(e.keyID), \(e.algorithm),
+                    \(e.keyThumbprint), \(e.issuedAt), \(e.receivedAt), \(outcome.rawValue), \(kinds), \(e.receivedAt))
+            ON CONFLICT (issuer, jti) DO NOTHING
+            RETURNING id
+            """, logger: logger)
+        var newID: Int64? = nil
+        for try await id in inserted.decode(Int64.self) { newID = id }
+        if let id = newID {
+            for step in steps {
+                try await connection.query("""
+                    INSERT INTO steps (event_id, idx, kind, action, status, detail, updated_at)
+                    VALUES (\(id), \(step.index), \(step.kind), \(step.action), \(step.status.rawValue), \(step.detail), \(e.receivedAt))
+                    """, logger: logger)
+            }
+            return .new(eventID: id)
+        }
+        var existing: Int64? = nil
+        for try await id in try await connection.query("SELECT id FROM events WHERE issuer = \(e.issuer) AND jti = \(e.jti)",
+                                                       logger: logger).decode(Int64.self) {
+            existing = id
+        }
+        guard let id = existing else { throw LedgerError("the event \(e.jti) vanished during its claim") }
+        try await connection.query("""
+            INSERT INTO deliveries (event_id, source, received_at, verdict) VALUES (\(id), \(e.source), \(e.receivedAt), 'duplicate')
+            """, logger: logger)
+        return .duplicate(eventID: id)
+    }
+
+    private func insert(_ r: Rejection, on connection: PostgresConnection) async throws {
+        let token = ByteBuffer(bytes: r.token)
+        try await connection.query("""
+            INSERT INTO deliveries (event_id, source, received_at, verdict, error_code, error_description, token)
+            VALUES (NULL, \(r.source), \(r.receivedAt), 'invalid', \(r.code), \(r.description), \(token))
+            """, logger: logger)
+    }
+
+    public func recordRejection(_ rejection: Rejection) async throws(LedgerError) {
+        _ = try await record([.rejection(rejection)])
+    }
+
+    public func record(outcome: EventOutcome, forEvent eventID: Int64) async throws(LedgerError) {
+        try await transaction("record outcome") { connection in
+            let now = Date().timeIntervalSince1970
+            var found = false
+            for try await _ in try await connection.query(
+                "UPDATE events SET outcome = \(outcome.rawValue), updated_at = \(now) WHERE id = \(eventID) RETURNING id",
+                logger: self.logger).decode(Int64.self) { found = true }
+            guard found else { throw LedgerError("no event with id \(eventID) in the ledger") }
+        }
+    }
+
+    public func recordStep(_ index: Int, of eventID: Int64, status: StepStatus, detail: String, finishing: EventOutcome?)
+        async throws(LedgerError)
+    {
+        try await transaction("record step") { connection in
+            let now = Date().timeIntervalSince1970
+            var found = false
+            for try await _ in try await connection.query("""
+                UPDATE steps SET status = \(status.rawValue), detail = \(detail), updated_at = \(now)
+                WHERE event_id = \(eventID) AND idx = \(index) RETURNING idx
+                """, logger: self.logger).decode(Int.self) { found = true }
+            guard found else { throw LedgerError("event \(eventID) has no step \(index) in the ledger") }
+            if let finishing {
+                try await connection.query("UPDATE events SET outcome = \(finishing.rawValue), updated_at = \(now) WHERE id = \(eventID)",
+                                           logger: self.logger)
+            }
+        }
+    }
+
+    // MARK: - Reads
+
+    public func steps(ofEvent eventID: Int64) async throws(LedgerError) -> [OutboxStep] {
+        try await transaction("read steps") { connection in
+            var steps: [OutboxStep] = []
+            let rows = try await connection.query(
+                "SELECT idx, kind, action, status, detail FROM steps WHERE event_id = \(eventID) ORDER BY idx", logger: self.logger)
+            for try await (idx, kind, action, status, detail) in rows.decode((Int, String, String, String, String?).self) {
+                steps.append(OutboxStep(index: idx, kind: kind, action: action, status: StepStatus(rawValue: status) ?? .pending,
+                                        detail: detail))
+            }
+            return steps
+        }
+    }
+
+    public func events() async throws(LedgerError) -> [StoredEvent] {
+        try await transaction("read events") { connection in
+            var events: [StoredEvent] = []
+            let rows = try await connection.query(
+                "SELECT id, issuer, jti, source, event_types, outcome, steps FROM events ORDER BY id", logger: self.logger)
+            for try await (id, issuer, jti, source, types, outcome, steps) in rows.decode((Int64, String, String, String, String, String, String).self) {
+                events.append(StoredEvent(id: id, issuer: issuer, jti: jti, source: source, eventTypes: types, outcome: outcome, steps: steps))
+            }
+            return events
+        }
+    }
+
+    public func deliveries() async throws(LedgerError) -> [StoredDelivery] {
+        try await transaction("read deliveries") { connection in
+            var deliveries: [StoredDelivery] = []
+            let rows = try await connection.query(
+                "SELECT id, event_id, source, verdict, error_code, error_description FROM deliveries ORDER BY id", logger: self.logger)
+            for try await (id, eventID, source, verdict, code, description) in rows.decode((Int64, Int64?, String, String, String?, String?).self) {
+                deliveries.append(StoredDelivery(id: id, eventID: eventID, source: source, verdict: verdict, errorCode: code,
+                                                 errorDescription: description))
+            }
+            return deliveries
+        }
+    }
+
+    public func isReachable() async -> Bool {
+        (try? await transaction("ping") { connection in try await connection.query("SELECT 1", logger: self.logger) }) != nil
+    }
+
+    public func close() async {
+        running.cancel()
+        await running.value
+    }
+
+    private func transaction<T: Sendable>(_ what: String, _ body: (PostgresConnection) async throws -> T) async throws(LedgerError) -> T {
+        do {
+            return try await client.withTransaction(logger: logger) { connection in try await body(connection) }
+        } catch let error as LedgerError {
+            throw error
+        } catch {
+            throw LedgerError("PostgreSQL ledger (\(what)): \(Self.describe(error))")
+        }
+    }
+
+    /// What went wrong, in the server's words, without the query or its values (a token may be
+    /// among them).
+    static func describe(_ error: any Error) -> String {
+        guard let error = error as? PSQLError else { return "\(error)" }
+        var text = "\(error.code)"
+        if let message = error.serverInfo?[.message] { text += ": " + message }
+        if let underlying = error.underlying { text += " (\(underlying))" }
+        return text
+    }
+}

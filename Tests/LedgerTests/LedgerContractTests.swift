@@ -1,0 +1,138 @@
+import Foundation
+import Ledger
+import Logging
+import Testing
+import WardenTestSupport
+
+/// The ledger's contract, run against every back end: SQLite in a temporary file, and a real
+/// PostgreSQL server started for the test.
+enum Backend: String, CaseIterable, Sendable, CustomTestStringConvertible {
+    case sqlite, postgres
+    var testDescription: String { rawValue }
+}
+
+/// A ledger under test and what keeps it alive; `reopen` opens the same storage again.
+final class LedgerUnderTest: Sendable {
+    let backend: Backend
+    let path: String
+    let server: PostgresServer?
+    let database: String
+
+    init(_ backend: Backend) throws {
+        self.backend = backend
+        path = SQLiteLedgerTests.temporaryPath()
+        server = backend == .postgres ? try PostgresServer() : nil
+        database = try server?.createDatabase() ?? ""
+    }
+
+    func open() async throws -> any Ledger {
+        var logger = Logger(label: "ledger-test")
+        logger.logLevel = .critical
+        switch backend {
+        case .sqlite: return try SQLiteLedger(path: path)
+        case .postgres:
+            return try await PostgresLedger(.init(host: "127.0.0.1", port: server!.port, username: server!.username, database: database),
+                                            logger: logger)
+        }
+    }
+}
+
+@Suite("Ledger contract, every back end", .serialized)
+struct LedgerContractTests {
+    typealias E = SQLiteLedgerTests
+
+    @Test(arguments: Backend.allCases) func claimsAreNewThenDuplicatePerIssuer(_ backend: Backend) async throws {
+        let storage = try LedgerUnderTest(backend)
+        let ledger = try await storage.open()
+        guard case .new(let id) = try await ledger.claim(E.event(jti: "a"), outcome: .pending, steps: []) else {
+            Issue.record("the first claim must be new"); return
+        }
+        #expect(try await ledger.claim(E.event(jti: "a", source: "kafka:t/0/9"), outcome: .pending, steps: []) == .duplicate(eventID: id))
+        guard case .new = try await ledger.claim(E.event(jti: "a", issuer: "https://other.example/"), outcome: .pending, steps: []) else {
+            Issue.record("a jti is unique per issuer, not globally"); return
+        }
+        #expect(try await ledger.events().map(\.jti) == ["a", "a"])
+        let deliveries = try await ledger.deliveries()
+        #expect(deliveries.map(\.verdict) == ["duplicate"] && deliveries.first?.eventID == id && deliveries.first?.source == "kafka:t/0/9")
+        await ledger.close()
+    }
+
+    @Test(arguments: Backend.allCases) func concurrentClaimsOfOneJTIMakeExactlyOneNew(_ backend: Backend) async throws {
+        let storage = try LedgerUnderTest(backend)
+        let ledger = try await storage.open()
+        let claims = await withTaskGroup(of: Claim?.self) { group in
+            for i in 0..<32 {
+                group.addTask { try? await ledger.claim(E.event(jti: "same", source: "kafka:t/0/\(i)"), outcome: .pending, steps: []) }
+            }
+            var all: [Claim?] = []
+            for await claim in group { all.append(claim) }
+            return all
+        }
+        #expect(claims.filter { if case .new? = $0 { true } else { false } }.count == 1)
+        #expect(claims.filter { if case .duplicate? = $0 { true } else { false } }.count == 31)
+        await ledger.close()
+    }
+
+    @Test(arguments: Backend.allCases) func aBatchIsRecordedInOrderWithRejectionsAndSurvivesReopening(_ backend: Backend) async throws {
+        let storage = try LedgerUnderTest(backend)
+        do {
+            let ledger = try await storage.open()
+            let claims = try await ledger.record([
+                .event(E.event(jti: "b1", source: "kafka:t/0/1"), outcome: .pending, steps: []),
+                .rejection(Rejection(token: [0xFF, 0x00, 0x41], source: "kafka:t/0/2", code: "invalid_key",
+                                     description: "bad signature", receivedAt: 1)),
+                .event(E.event(jti: "b1", source: "kafka:t/0/3"), outcome: .pending, steps: []),
+                .event(E.event(jti: "b2", source: "kafka:t/0/4"), outcome: .processed, steps: []),
+            ])
+            guard case .new(let first)? = claims[0], case .new(let second)? = claims[3] else { Issue.record("\(claims)"); return }
+            #expect(claims[1] == nil && claims[2] == .duplicate(eventID: first) && second > first)
+            await ledger.close()
+        }
+        let reopened = try await storage.open()
+        #expect(try await reopened.events().map(\.outcome) == ["pending", "processed"])
+        #expect(try await reopened.deliveries().map(\.verdict) == ["invalid", "duplicate"])
+        #expect(try await reopened.deliveries().first?.errorCode == "invalid_key")
+        if case .new = try await reopened.claim(E.event(jti: "b2"), outcome: .pending, steps: []) { Issue.record("a claim was lost") }
+        await reopened.close()
+    }
+
+    @Test(arguments: Backend.allCases) func theOutboxKeepsEachStepsOutcome(_ backend: Backend) async throws {
+        let storage = try LedgerUnderTest(backend)
+        let planned = [OutboxStep(index: 0, kind: "purge-set", action: #"{"a":1}"#), OutboxStep(index: 1, kind: "notify", action: #"{"b":2}"#)]
+        let id: Int64
+        do {
+            let ledger = try await storage.open()
+            guard case .new(let claimed) = try await ledger.claim(E.event(jti: "o"), outcome: .pending, steps: planned) else {
+                Issue.record("not new"); return
+            }
+            id = claimed
+            #expect(try await ledger.steps(ofEvent: id) == planned)
+            try await ledger.recordStep(0, of: id, status: .done, detail: "2 keys deleted")
+            _ = try await ledger.claim(E.event(jti: "o"), outcome: .pending, steps: [])  // a redelivery: outbox untouched
+            await #expect(throws: LedgerError.self) { try await ledger.recordStep(5, of: id, status: .done, detail: "") }
+            await #expect(throws: LedgerError.self) { try await ledger.record(outcome: .processed, forEvent: id + 100) }
+            await ledger.close()
+        }
+        let reopened = try await storage.open()
+        #expect(try await reopened.steps(ofEvent: id).map(\.status) == [.done, .pending])
+        try await reopened.recordStep(1, of: id, status: .failed, detail: "refused", finishing: .failed)
+        #expect(try await reopened.steps(ofEvent: id).map(\.detail) == ["2 keys deleted", "refused"])
+        #expect(try await reopened.events().first?.outcome == "failed")
+        #expect(try await reopened.events().first?.steps == #"["purge-set","notify"]"#)
+        await reopened.close()
+    }
+
+    @Test func postgresTablesAreReadableByAnotherClient() async throws {
+        let storage = try LedgerUnderTest(.postgres)
+        let ledger = try await storage.open()
+        _ = try await ledger.claim(E.event(jti: "seen-by-psql"), outcome: .pending, steps: [OutboxStep(index: 0, kind: "notify", action: "{}")])
+        #expect(try storage.server!.psql(storage.database, "SELECT jti, outcome FROM events") == "seen-by-psql|pending")
+        #expect(try storage.server!.psql(storage.database, "SELECT kind, status FROM steps") == "notify|pending")
+        #expect(try storage.server!.psql(storage.database, "SELECT name FROM warden_migrations ORDER BY name") == "v1-events\nv2-outbox")
+        await ledger.close()
+        // A second ledger on the same database finds the schema in place.
+        let again = try await storage.open()
+        #expect(try await again.events().count == 1)
+        await again.close()
+    }
+}
