@@ -45,18 +45,20 @@ public protocol StepExecutor: Sendable {
 }
 
 /// Runs any planned step on the target it names: Redis steps, RFC 7009 revocation of a token
-/// store's tokens, webhooks.
+/// store's tokens, webhooks, SQL statements.
 public struct TargetExecutor: StepExecutor {
     public let redis: RedisStepExecutor
     public let revocation: RevocationClient
     public let webhooks: WebhookNotifier
+    public let sql: SQLStepExecutor
     public let targets: [String: TargetSettings]
 
     public init(redis: RedisStepExecutor, revocation: RevocationClient, webhooks: WebhookNotifier,
-                targets: [String: TargetSettings]) {
+                sql: SQLStepExecutor = SQLStepExecutor(targets: [:]), targets: [String: TargetSettings]) {
         self.redis = redis
         self.revocation = revocation
         self.webhooks = webhooks
+        self.sql = sql
         self.targets = targets
     }
 
@@ -72,7 +74,7 @@ public struct TargetExecutor: StepExecutor {
             guard case .webhook(let endpoint)? = targets[target] else { return .failed("no webhook target named \"\(target)\"") }
             return await webhooks.notify(context, eventType: context.eventType, at: endpoint)
         case .sql:
-            return .failed("sql steps are not supported by this version")
+            return await sql.execute(action, context: context)
         }
     }
 

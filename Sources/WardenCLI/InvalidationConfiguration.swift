@@ -1,6 +1,7 @@
 public import AsyncHTTPClient
 import Foundation
 public import Invalidation
+public import Logging
 public import Pipeline
 public import Redis
 import SecurityEvents
@@ -116,7 +117,15 @@ public struct InvalidationConfiguration: Sendable {
             return .webhook(WebhookEndpoint(url: url, hmacSecret: Array(secret.utf8),
                                             timeout: try WardenConfiguration.positive(c.child("timeout")) ?? 10))
         default:
-            throw c.error("sql targets are not supported by this version; use redis, revoke or webhook targets")
+            let location = try c.requiredString()
+            guard location.hasPrefix("sqlite:") || location.hasPrefix("postgres://") || location.hasPrefix("postgresql://") else {
+                throw c.error("expected sqlite:PATH or postgres://user[:password]@host[:port]/database")
+            }
+            if location.hasPrefix("sqlite:"), !location.dropFirst("sqlite:".count).hasPrefix("/") {
+                let relative = String(location.dropFirst("sqlite:".count))
+                return .sql("sqlite:" + c.baseDirectory.appendingPathComponent(relative).standardizedFileURL.path)
+            }
+            return .sql(location)
         }
     }
 
@@ -300,22 +309,35 @@ extension InvalidationConfiguration {
 
 extension InvalidationConfiguration {
     /// The engine `warden run` uses, and the Redis clients it opened (to close at shutdown).
-    public func makeEngine(http: HTTPClient) -> (engine: InvalidationEngine, redisClients: [RedisClient]) {
+    public func makeEngine(http: HTTPClient, logger: Logger) throws(ConfigError)
+        -> (engine: InvalidationEngine, redisClients: [RedisClient], sqlTargets: [SQLTarget])
+    {
         var clients: [String: RedisClient] = [:]
         for (name, target) in targets {
             guard case .redis(let e) = target else { continue }
             clients[name] = RedisClient(settings: .init(host: e.host, port: e.port, database: e.database, username: e.username,
                                                         password: e.password, poolSize: e.poolSize, timeout: e.timeout))
         }
+        var databases: [String: SQLTarget] = [:]
+        for (name, target) in targets {
+            guard case .sql(let location) = target else { continue }
+            do {
+                databases[name] = try SQLTarget(location: location, logger: logger)
+            } catch {
+                throw ConfigError(path: "targets.\(name).sql", error.message)
+            }
+        }
         let resolver: any SubjectResolver
         switch subjects {
-        case .identity, .sql: resolver = IdentityResolver()  // sql targets are refused when the configuration is read
+        case .identity: resolver = IdentityResolver()
         case .redis(let target, let key): resolver = RedisResolver(client: clients[target]!, key: key)
+        case .sql(let target, let query, let parameters):
+            resolver = SQLResolver(target: databases[target]!, query: query, parameters: parameters)
         }
         let executor = TargetExecutor(redis: RedisStepExecutor(clients: clients, stores: tokenStores),
                                       revocation: RevocationClient(http: http), webhooks: WebhookNotifier(http: http),
-                                      targets: targets)
+                                      sql: SQLStepExecutor(targets: databases), targets: targets)
         return (InvalidationEngine(planner: Planner(policy: policy), resolver: resolver, executor: executor),
-                Array(clients.values))
+                Array(clients.values), Array(databases.values))
     }
 }

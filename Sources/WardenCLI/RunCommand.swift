@@ -98,7 +98,7 @@ struct Worker {
                                        deadLetters: KafkaDeadLetters(producer: producer, topic: kafka.deadLetterTopic),
                                        metrics: metrics, logger: logger, stop: StopSignal())
         processor.parallelism = kafka.concurrency
-        let engine = configuration.invalidation.makeEngine(http: client)
+        let engine = try configuration.invalidation.makeEngine(http: client, logger: logger)
         processor.engine = engine.engine
         for target in configuration.invalidation.targets.keys.sorted() {
             announce("target \(target): \(configuration.invalidation.targets[target]!.summary)")
@@ -128,7 +128,10 @@ struct Worker {
                 // Shut down in reverse order: intake first, the ledger last.
                 .init(service: CloseOnShutdown { await ledger.close() }),
                 .init(service: CloseOnShutdown { producer.close() }),
-                .init(service: CloseOnShutdown { engine.redisClients.forEach { $0.close() } }),
+                .init(service: CloseOnShutdown {
+                    engine.redisClients.forEach { $0.close() }
+                    for database in engine.sqlTargets { await database.close() }
+                }),
                 .init(service: CloseOnShutdown { try? await client.shutdown() }),
                 .init(service: KeyPreload(issuers: issuers, logger: logger)),
                 .init(service: http),

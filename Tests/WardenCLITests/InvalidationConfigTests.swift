@@ -142,3 +142,26 @@ struct InvalidationConfigTests {
         #expect(bad.stderr.contains("policy.sessions-revoked[0].notify.target: no target named \"app\""))
     }
 }
+
+extension InvalidationConfigTests {
+    @Test func sqlTargetsStepsAndLookups() throws {
+        let c = try parse("""
+            targets:
+              appdb: {sql: "postgres://warden@127.0.0.1:5432/app"}
+              local: {sql: "sqlite:app.sqlite"}
+            subjects:
+              resolve: {sql: "SELECT id FROM users WHERE google_sub = $1", target: appdb}
+            policy:
+              account-disabled:
+                - sql: {target: local, statement: "UPDATE users SET google_signin = 0 WHERE id = ?", parameters: ["{user}"]}
+            """)
+        #expect(c.subjects == .sql(target: "appdb", query: "SELECT id FROM users WHERE google_sub = $1", parameters: ["{sub}"]))
+        #expect(c.policy.rules(for: .accountDisabled) == [PolicyRule(.sql(target: "local",
+            statement: "UPDATE users SET google_signin = 0 WHERE id = ?", parameters: ["{user}"]))])
+        guard case .sql(let location)? = c.targets["local"] else { Issue.record("local"); return }
+        #expect(location.hasPrefix("sqlite:/") && location.hasSuffix("/app.sqlite"))
+        #expect(error("targets: {db: {sql: \"mysql://x/y\"}}").contains("targets.db.sql: expected sqlite:PATH or postgres://"))
+        #expect(error("targets: {db: {sql: \"sqlite:a.db\"}}\nsubjects: {resolve: {sql: \"SELECT 1\", target: nope}}")
+            .contains("subjects.resolve.target: \"nope\" is not a sql target"))
+    }
+}

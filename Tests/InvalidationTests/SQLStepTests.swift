@@ -1,0 +1,72 @@
+import Foundation
+@testable import Invalidation
+import Logging
+import SecurityEvents
+import Testing
+import WardenTestSupport
+
+@Suite("SQL steps and SQL subject lookups against real databases")
+struct SQLStepTests {
+    static var quiet: Logger {
+        var logger = Logger(label: "sql-test")
+        logger.logLevel = .critical
+        return logger
+    }
+
+    @Test func postgresStatementAndLookup() async throws {
+        let server = try PostgresServer()
+        let database = try server.createDatabase()
+        _ = try server.psql(database, "CREATE TABLE users (id TEXT PRIMARY KEY, google_sub TEXT UNIQUE, google_signin BOOLEAN NOT NULL)")
+        _ = try server.psql(database, "INSERT INTO users VALUES ('local-7', '1234', true), ('local-8', '5678', true)")
+        let target = try SQLTarget(location: "postgres://\(server.username)@127.0.0.1:\(server.port)/\(database)", logger: Self.quiet)
+        let context = StepContext(token: token("account-disabled"), user: "local-7")
+
+        // The subject 1234 (from the token) is local-7.
+        let resolver = SQLResolver(target: target, query: "SELECT id FROM users WHERE google_sub = $1", parameters: ["{sub}"])
+        #expect(await resolver.resolve(context.token) == .resolved(.user("local-7")))
+        let nobody = SQLResolver(target: target, query: "SELECT id FROM users WHERE google_sub = $1", parameters: ["{email}"])
+        #expect(await nobody.resolve(context.token) == .resolved(.unresolved))
+
+        let executor = SQLStepExecutor(targets: ["appdb": target])
+        // A value that looks like SQL is bound, not spliced.
+        let step = StepAction.sql(target: "appdb", statement: "UPDATE users SET google_signin = false WHERE id = $1",
+                                  parameters: ["local-7"])
+        #expect(await executor.execute(step, context: context).result == "done")
+        #expect(try server.psql(database, "SELECT id, google_signin FROM users ORDER BY id") == "local-7|f\nlocal-8|t")
+        let injection = StepAction.sql(target: "appdb", statement: "UPDATE users SET google_signin = false WHERE id = $1",
+                                       parameters: ["x' OR '1'='1"])
+        #expect(await executor.execute(injection, context: context).result == "done")
+        #expect(try server.psql(database, "SELECT count(*) FROM users WHERE google_signin") == "1")
+
+        let broken = await executor.execute(.sql(target: "appdb", statement: "UPDATE no_such_table SET x = 1", parameters: []), context: context)
+        guard case .failed(let reason) = broken else { Issue.record("expected failed, got \(broken)"); return }
+        #expect(reason.contains("no_such_table"))
+        await target.close()
+    }
+
+    @Test func postgresDownIsRetry() async throws {
+        let port = try freeLoopbackPort()
+        let target = try SQLTarget(location: "postgres://warden@127.0.0.1:\(port)/nothing", logger: Self.quiet)
+        let outcome = await SQLStepExecutor(targets: ["db": target])
+            .execute(.sql(target: "db", statement: "SELECT 1", parameters: []), context: StepContext(token: token("sessions-revoked"), user: nil))
+        #expect(outcome.result == "retry")
+        await target.close()
+    }
+
+    @Test func sqliteStatementAndLookup() async throws {
+        let path = FileManager.default.temporaryDirectory.appendingPathComponent("warden-app-\(UUID().uuidString).sqlite").path
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        let target = try SQLTarget(location: "sqlite:" + path, logger: Self.quiet)
+        let executor = SQLStepExecutor(targets: ["app": target])
+        let context = StepContext(token: token("account-disabled"), user: "u")
+        for statement in ["CREATE TABLE users (id TEXT PRIMARY KEY, google_sub TEXT, google_signin INTEGER)",
+                          "INSERT INTO users VALUES ('local-7', '1234', 1)"] {
+            #expect(await executor.execute(.sql(target: "app", statement: statement, parameters: []), context: context).result == "done")
+        }
+        let resolver = SQLResolver(target: target, query: "SELECT id FROM users WHERE google_sub = ?", parameters: ["{sub}"])
+        #expect(await resolver.resolve(context.token) == .resolved(.user("local-7")))
+        #expect(await executor.execute(.sql(target: "app", statement: "UPDATE users SET google_signin = 0 WHERE id = ?",
+                                            parameters: ["local-7"]), context: context) == .done("1 row(s) changed"))
+        #expect(try await target.firstValue("SELECT google_signin FROM users", []) == "0")
+    }
+}
