@@ -195,3 +195,63 @@ extension EngineWorkerTests {
         #expect(second.terminate() == 0)
     }
 }
+
+extension EngineWorkerTests {
+    @Test func aStepRefusedForGoodIsDeadLetteredAndTheOthersStillRun() async throws {
+        let redis = try RedisServer()
+        let revoke = try await KeyServer.start()
+        revoke.serve("/revoke", .init(body: #"{"error":"invalid_client"}"#, status: 401))
+        let setup = try WorkerTests.Setup(extra: """
+            targets:
+              sessions: {redis: "redis://127.0.0.1:\(redis.port)/0"}
+              app-revoke: {revoke: {endpoint: "\(revoke.url("/revoke"))", auth: client_secret_basic, client-id: w, client-secret: wrong}}
+            token-stores:
+              tokens: {redis: sessions, hash: "oauth-tokens:{user}"}
+            policy:
+              tokens-revoked:
+                - revoke-tokens: {store: tokens, target: app-revoke}
+                - purge-set: {target: sessions, set: "user-sessions:{user}"}
+            """)
+        defer { setup.cleanUp() }
+        _ = try redis.cli(["HSET", "oauth-tokens:u5", "t1", "1//0g-held"])
+        _ = try redis.cli(["SADD", "user-sessions:u5", "session:u5"])
+        _ = try redis.cli(["SET", "session:u5", "x"])
+        let worker = try WorkerProcess(config: setup.config)
+        let port = try await worker.httpPort()
+        let event = try token(.tokensRevoked, subject: "u5", jti: "refused-step")
+        try WorkerTests.produce(setup.cluster.bootstrapServers, [("u5", event)])
+        try await WorkerTests.waitFor("the event recorded as failed") {
+            try SQLiteLedgerReader(path: setup.ledgerPath).events().first?.outcome == "failed"
+        }
+        let reader = try SQLiteLedgerReader(path: setup.ledgerPath)
+        let steps = try reader.steps(ofEvent: try #require(try reader.events().first).id)
+        #expect(steps.map(\.status) == [.failed, .done])
+        #expect(steps[0].detail?.contains("check the client credentials") == true)
+        #expect(try redis.cli(["EXISTS", "session:u5"]) == "0")     // the other step still ran
+        #expect(try redis.cli(["HLEN", "oauth-tokens:u5"]) == "1")  // not revoked: not deleted
+        #expect(revoke.requests("/revoke") == 1)                    // a refusal is not retried
+
+        // The dead letter: the original SET, the step and its reason.
+        let dlq = try KafkaConsumer(configuration: .init(bootstrapServers: setup.cluster.bootstrapServers, groupID: "dlq-reader",
+                                                         topics: ["security-events.dlq"], properties: ["session.timeout.ms": "6000"]),
+                                    logger: WorkerTests.quiet)
+        async let running: Void = dlq.run()
+        var letter: KafkaMessage? = nil
+        for await message in dlq.messages {
+            letter = message
+            break
+        }
+        dlq.close()
+        try await running
+        let deadLetter = try #require(letter)
+        #expect(deadLetter.value == Array(event.utf8))
+        #expect(deadLetter.header("warden-error") == Array("step-failed".utf8))
+        let description = String(decoding: deadLetter.header("warden-error-description") ?? [], as: UTF8.self)
+        #expect(description.contains("revoke-tokens step 0 failed"))
+        let metrics = try await WorkerTests.httpGet(port, "/metrics").1
+        #expect(metrics.contains(#"warden_steps_total{kind="revoke-tokens",result="failed"} 1"#))
+        #expect(metrics.contains(#"warden_events_total{outcome="failed"} 1"#))
+        #expect(!worker.standardError.contains("wrong"))  // the client secret is not logged
+        #expect(worker.terminate() == 0)
+    }
+}
