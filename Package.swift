@@ -225,7 +225,7 @@ let package = Package(
         .testTarget(
             name: "WardenCLITests",
             dependencies: [
-                "WardenCLI", "TokenVerification", "SETMinting", "SecurityEvents", "WardenTestSupport", "warden", "Kafka", "Ledger",
+                "WardenCLI", "TokenVerification", "SETMinting", "SecurityEvents", "WardenTestSupport", "warden", "Kafka", "Ledger", "Invalidation", "Redis",
             ],
             swiftSettings: testSettings
         ),

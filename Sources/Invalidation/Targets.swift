@@ -1,30 +1,10 @@
 public import Foundation
+public import Redis
 
-/// Where a Redis server is and how to sign in to it: `redis://[user[:password]@]host[:port][/db]`.
-public struct RedisEndpoint: Sendable, Hashable, CustomStringConvertible {
-    public var host: String
-    public var port: Int
-    public var database: Int
-    public var username: String?
-    public var password: String?
-    /// Connections kept open to the server. Default 4.
-    public var poolSize: Int
-    /// Connect and command timeout, seconds. Default 5.
-    public var timeout: Double
-
-    public init(host: String, port: Int = 6379, database: Int = 0, username: String? = nil, password: String? = nil,
-                poolSize: Int = 4, timeout: Double = 5) {
-        self.host = host
-        self.port = port
-        self.database = database
-        self.username = username
-        self.password = password
-        self.poolSize = poolSize
-        self.timeout = timeout
-    }
-
-    /// Parses a `redis://` URL; the error says what is wrong with it (without the password).
-    public static func parse(_ text: String) -> Result<RedisEndpoint, TargetSettingsError> {
+extension RedisConnectionSettings {
+    /// Parses `redis://[user[:password]@]host[:port][/database]`; the error says what is wrong
+    /// with it (without the password).
+    public static func parse(_ text: String) -> Result<RedisConnectionSettings, TargetSettingsError> {
         if text.hasPrefix("rediss://") {
             return .failure(TargetSettingsError("TLS to Redis (rediss://) is not supported; use redis:// on a trusted network"))
         }
@@ -33,21 +13,21 @@ public struct RedisEndpoint: Sendable, Hashable, CustomStringConvertible {
         else {
             return .failure(TargetSettingsError("expected redis://[user[:password]@]host[:port][/database]"))
         }
-        var endpoint = RedisEndpoint(host: host, port: components.port ?? 6379)
+        var settings = RedisConnectionSettings(host: host, port: components.port ?? 6379)
         let path = components.path.trimmingCharacters(in: CharacterSet(charactersIn: "/"))
         if !path.isEmpty {
             guard let database = Int(path), database >= 0 else {
                 return .failure(TargetSettingsError("the database number \"\(path)\" is not a number"))
             }
-            endpoint.database = database
+            settings.database = database
         }
-        if let user = components.user, !user.isEmpty { endpoint.username = user.removingPercentEncoding ?? user }
-        if let password = components.password { endpoint.password = password.removingPercentEncoding ?? password }
-        return .success(endpoint)
+        if let user = components.user, !user.isEmpty { settings.username = user.removingPercentEncoding ?? user }
+        if let password = components.password { settings.password = password.removingPercentEncoding ?? password }
+        return .success(settings)
     }
 
     /// `redis://host:port/db`, never the password.
-    public var description: String {
+    public var summary: String {
         "redis://\(username.map { "\($0)@" } ?? "")\(host):\(port)/\(database)"
     }
 }
@@ -96,7 +76,7 @@ public struct WebhookEndpoint: Sendable, Hashable {
 
 /// A system Warden acts on, by kind.
 public enum TargetSettings: Sendable, Hashable {
-    case redis(RedisEndpoint)
+    case redis(RedisConnectionSettings)
     case revoke(RevocationEndpoint)
     case webhook(WebhookEndpoint)
     /// The app's database: `sqlite:PATH` or `postgres://…`.
@@ -114,7 +94,7 @@ public enum TargetSettings: Sendable, Hashable {
     /// One line for `check-config` and logs, without secrets.
     public var summary: String {
         switch self {
-        case .redis(let endpoint): "redis \(endpoint)"
+        case .redis(let settings): "redis \(settings.summary)"
         case .revoke(let endpoint): "revoke \(endpoint.url.absoluteString) (auth \(endpoint.authentication.name))"
         case .webhook(let endpoint): "webhook \(endpoint.url.absoluteString)"
         case .sql(let location):

@@ -75,7 +75,7 @@ public struct InvalidationConfiguration: Sendable {
         switch kind {
         case "redis":
             // `redis: URL` or `redis: {url, password(-file), pool-size, timeout}`.
-            var endpoint: RedisEndpoint
+            var endpoint: RedisConnectionSettings
             if case .map = c.tree {
                 try c.requireOnly(["url", "password", "password-file", "pool-size", "timeout"])
                 endpoint = try redisURL(c.child("url"))
@@ -129,9 +129,9 @@ public struct InvalidationConfiguration: Sendable {
         }
     }
 
-    static func redisURL(_ r: ConfigReader) throws(ConfigError) -> RedisEndpoint {
+    static func redisURL(_ r: ConfigReader) throws(ConfigError) -> RedisConnectionSettings {
         let text = try r.requiredString()
-        switch RedisEndpoint.parse(text) {
+        switch RedisConnectionSettings.parse(text) {
         case .success(let endpoint): return endpoint
         case .failure(let error): throw r.error(error.message)
         }
@@ -314,9 +314,8 @@ extension InvalidationConfiguration {
     {
         var clients: [String: RedisClient] = [:]
         for (name, target) in targets {
-            guard case .redis(let e) = target else { continue }
-            clients[name] = RedisClient(settings: .init(host: e.host, port: e.port, database: e.database, username: e.username,
-                                                        password: e.password, poolSize: e.poolSize, timeout: e.timeout))
+            guard case .redis(let settings) = target else { continue }
+            clients[name] = RedisClient(settings: settings)
         }
         var databases: [String: SQLTarget] = [:]
         for (name, target) in targets {

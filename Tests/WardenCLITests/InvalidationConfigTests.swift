@@ -1,5 +1,6 @@
 import Foundation
 import Invalidation
+import Redis
 import SecurityEvents
 import Testing
 @testable import WardenCLI
@@ -58,7 +59,7 @@ struct InvalidationConfigTests {
                   set-flag: {target: sessions, key: "signin-disabled:{user}", ttl: 30d}
                 - notify: {target: app}
             """, files: ["revoke.secret": "s3cret\n", "hook.secret": "hook-key"])
-        #expect(c.targets["sessions"] == .redis(RedisEndpoint(host: "127.0.0.1", port: 6379, database: 2)))
+        #expect(c.targets["sessions"] == .redis(RedisConnectionSettings(host: "127.0.0.1", port: 6379, database: 2)))
         guard case .revoke(let appRevoke)? = c.targets["app-revoke"] else { Issue.record("app-revoke"); return }
         #expect(appRevoke.authentication == .clientSecretBasic(clientID: "warden", secret: "s3cret"))
         guard case .webhook(let hook)? = c.targets["app"] else { Issue.record("app"); return }
