@@ -18,7 +18,7 @@ public final class PostgresServer: @unchecked Sendable {
         port = try freeLoopbackPort()
         directory = URL(fileURLWithPath: "/tmp").appendingPathComponent("warden-pg-\(UUID().uuidString.prefix(8))")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        if getuid() == 0 { try Self.run("/bin/chown", ["postgres", directory.path]) }
+        if getuid() == 0 { try runProgram("/bin/chown", ["postgres", directory.path]) }
         try asServerUser("\(bin)/initdb", ["-D", dataPath, "-U", username, "--auth=trust", "-E", "UTF8", "--no-sync"])
         // The server runs in the foreground as our child (pg_ctl's daemon would outlive the
         // test process's bookkeeping of children); ready when it accepts connections.
@@ -34,7 +34,7 @@ public final class PostgresServer: @unchecked Sendable {
         for _ in 0..<400 {
             if canConnect(port: port) {
                 // Accepting connections is not yet accepting logins: wait for a query to work.
-                if (try? Self.run("/usr/bin/psql", ["-h", "127.0.0.1", "-p", String(port), "-U", username, "-d", "postgres",
+                if (try? runProgram("/usr/bin/psql", ["-h", "127.0.0.1", "-p", String(port), "-U", username, "-d", "postgres",
                                                     "-Atc", "SELECT 1"])) == "1" { return }
             }
             usleep(25_000)
@@ -55,14 +55,14 @@ public final class PostgresServer: @unchecked Sendable {
     /// Creates an empty database and returns its name.
     public func createDatabase() throws -> String {
         let name = "warden_\(UUID().uuidString.prefix(8).lowercased())"
-        try Self.run("/usr/bin/psql", ["-h", "127.0.0.1", "-p", String(port), "-U", username, "-d", "postgres", "-q",
+        try runProgram("/usr/bin/psql", ["-h", "127.0.0.1", "-p", String(port), "-U", username, "-d", "postgres", "-q",
                                        "-c", "CREATE DATABASE \(name)"])
         return name
     }
 
     /// Runs `psql` (an independent client) and returns its unaligned output.
     public func psql(_ database: String, _ sql: String) throws -> String {
-        try Self.run("/usr/bin/psql", ["-h", "127.0.0.1", "-p", String(port), "-U", username, "-d", database, "-At", "-c", sql])
+        try runProgram("/usr/bin/psql", ["-h", "127.0.0.1", "-p", String(port), "-U", username, "-d", database, "-At", "-c", sql])
     }
 
     /// Runs initdb or pg_ctl. Their output goes nowhere: the server pg_ctl starts inherits it and
@@ -81,21 +81,4 @@ public final class PostgresServer: @unchecked Sendable {
         }
     }
 
-    @discardableResult
-    static func run(_ program: String, _ arguments: [String]) throws -> String {
-        let p = Process()
-        p.executableURL = URL(fileURLWithPath: program)
-        p.arguments = arguments
-        let out = Pipe(), err = Pipe()
-        p.standardOutput = out
-        p.standardError = err
-        try p.run()
-        let data = out.fileHandleForReading.readDataToEndOfFile()
-        let errors = err.fileHandleForReading.readDataToEndOfFile()
-        p.waitUntilExit()
-        guard p.terminationStatus == 0 else {
-            throw TestServerError("\(program) failed (\(p.terminationStatus)): \(String(decoding: errors, as: UTF8.self))")
-        }
-        return String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
-    }
 }

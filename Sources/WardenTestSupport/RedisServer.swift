@@ -58,20 +58,30 @@ public final class RedisServer: @unchecked Sendable {
 
     /// Runs `redis-cli` against this server (as an independent client would) and returns its output.
     public func cli(_ arguments: [String]) throws -> String {
-        let p = Process()
-        p.executableURL = URL(fileURLWithPath: "/usr/bin/redis-cli")
-        var env = ProcessInfo.processInfo.environment
-        if let password { env["REDISCLI_AUTH"] = password }
-        p.environment = env
-        p.arguments = ["-h", "127.0.0.1", "-p", String(port)] + arguments
-        let out = Pipe()
-        p.standardOutput = out
-        p.standardError = FileHandle.nullDevice
-        try p.run()
-        let data = out.fileHandleForReading.readDataToEndOfFile()
-        p.waitUntilExit()
-        return String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+        try runProgram("/usr/bin/redis-cli", ["-h", "127.0.0.1", "-p", String(port)] + arguments,
+                       environment: password.map { ["REDISCLI_AUTH": $0] } ?? [:])
     }
+}
+
+/// Runs a program to its end and returns its standard output, trimmed; a non-zero exit is an
+/// error carrying its standard error.
+@discardableResult
+public func runProgram(_ program: String, _ arguments: [String], environment: [String: String] = [:]) throws -> String {
+    let p = Process()
+    p.executableURL = URL(fileURLWithPath: program)
+    p.arguments = arguments
+    p.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
+    let out = Pipe(), err = Pipe()
+    p.standardOutput = out
+    p.standardError = err
+    try p.run()
+    let data = out.fileHandleForReading.readDataToEndOfFile()
+    let errors = err.fileHandleForReading.readDataToEndOfFile()
+    p.waitUntilExit()
+    guard p.terminationStatus == 0 else {
+        throw TestServerError("\(program) failed (\(p.terminationStatus)): \(String(decoding: errors, as: UTF8.self))")
+    }
+    return String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
 }
 
 public struct TestServerError: Error, CustomStringConvertible {
