@@ -392,7 +392,7 @@ public struct EventProcessor: Sendable {
                     break stepLoop
                 case .failed(let reason):
                     failed = true
-                    logger.error("step failed permanently; dead-lettered", metadata: about.merging(["warden.reason": "\(reason)"]) { $1 })
+                    logger.critical("step failed permanently; dead-lettered", metadata: about.merging(["warden.reason": "\(reason)"]) { $1 })
                     let description = "\(step.kind) step \(step.index) failed: \(reason)"
                     guard await retrying("dead-letter", { () async throws -> Bool in
                         try await deadLetters.deadLetter(value: work.message.value, code: "step-failed", description: description,

@@ -252,6 +252,10 @@ extension EngineWorkerTests {
         #expect(metrics.contains(#"warden_steps_total{kind="revoke-tokens",result="failed"} 1"#))
         #expect(metrics.contains(#"warden_events_total{outcome="failed"} 1"#))
         #expect(!worker.standardError.contains("wrong"))  // the client secret is not logged
+        // Operators are alerted: the failure is logged at the highest level.
+        #expect(worker.standardError.split(separator: "\n").contains {
+            $0.contains(#""level":"critical""#) && $0.contains("step failed permanently")
+        })
         #expect(worker.terminate() == 0)
     }
 }
