@@ -335,6 +335,16 @@ public struct EventProcessor: Sendable {
     /// A step that fails for good is dead-lettered with its reason, and the others still run.
     /// Returns nil when the process stops while a step waits to be retried.
     func runSteps(_ work: Work) async -> EventOutcome? {
+        var work = work
+        if !work.isNew {
+            // A redelivery waited in its subject's lane behind the delivery that may still have
+            // been running these steps: read what is left now, not what was left when it arrived.
+            guard let steps = await retrying("ledger", { try await ledger.steps(ofEvent: work.eventID) }) else { return nil }
+            if steps.contains(where: { $0.status == .failed }) { work.outcomeIfDone = .failed }
+            work.steps = steps.filter { $0.status == .pending }
+            // Nothing left: the delivery before finished the event and recorded its outcome.
+            if work.steps.isEmpty { return work.outcomeIfDone }
+        }
         var failed = false
         var finished = false
         for step in work.steps {

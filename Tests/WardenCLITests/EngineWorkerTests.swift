@@ -259,3 +259,35 @@ extension EngineWorkerTests {
         #expect(worker.terminate() == 0)
     }
 }
+
+extension EngineWorkerTests {
+    @Test func aRedeliveryWhileTheFirstDeliveryStillActsDoesNotRepeatItsSteps() async throws {
+        let hooks = try await KeyServer.start()
+        hooks.serve("/hook", .init(body: "", status: 503))
+        let setup = try WorkerTests.Setup(extra: """
+            targets:
+              app: {webhook: {url: "\(hooks.url("/hook"))", hmac-secret: k}}
+            policy:
+              sessions-revoked: [{notify: {target: app}}]
+            """)
+        defer { setup.cleanUp() }
+        let worker = try WorkerProcess(config: setup.config)
+        _ = try await worker.httpPort()
+        let event = try token(.sessionsRevoked, subject: "u9", jti: "twice")
+        try WorkerTests.produce(setup.cluster.bootstrapServers, [("u9", event)])
+        try await WorkerTests.waitFor("the first delivery retrying") { hooks.requests("/hook") >= 1 }
+        // The same event again while the first is still waiting on the webhook.
+        try WorkerTests.produce(setup.cluster.bootstrapServers, [("u9", event)])
+        try await WorkerTests.waitFor("the redelivery recorded as a duplicate") {
+            try SQLiteLedgerReader(path: setup.ledgerPath).deliveries().count == 1
+        }
+        let failing = hooks.requests("/hook")
+        hooks.serve("/hook", .init(body: "", status: 200))
+        try await WorkerTests.waitFor("the event processed") {
+            try SQLiteLedgerReader(path: setup.ledgerPath).events().first?.outcome == "processed"
+        }
+        try await Task.sleep(for: .seconds(2))  // room for a second, wrong call to arrive
+        #expect(hooks.requests("/hook") == failing + 1)  // notified once, not once per delivery
+        #expect(worker.terminate() == 0)
+    }
+}
