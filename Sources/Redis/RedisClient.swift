@@ -72,14 +72,13 @@ public struct RedisConnectionSettings: Sendable, Hashable {
 }
 
 /// A Redis client over hiredis: a pool of blocking connections, each used by one caller at a
-/// time on a thread outside Swift's cooperative pool. Commands sent together are pipelined
+/// time on its own serial queue, outside Swift's cooperative pool. Commands sent together are pipelined
 /// (written at once, replies read in order). A connection that fails is closed and opened
 /// again (with AUTH and SELECT) on its next use; the failed call reports a retryable error and
 /// is not repeated here — the caller decides, since only it knows whether a retry is safe.
 public final class RedisClient: Sendable {
     public let settings: RedisConnectionSettings
     private let pool: Mutex<Pool>
-    private let queue = DispatchQueue(label: "warden.redis", attributes: .concurrent)
 
     private struct Pool {
         var idle: [Connection] = []
@@ -109,7 +108,7 @@ public final class RedisClient: Sendable {
         guard !commands.isEmpty else { return [] }
         let connection = try await checkOut()
         let result: Result<[RedisReply], RedisError> = await withCheckedContinuation { continuation in
-            queue.async { continuation.resume(returning: connection.run(commands, settings: self.settings)) }
+            connection.queue.async { continuation.resume(returning: connection.run(commands, settings: self.settings)) }
         }
         checkIn(connection)
         return try result.get()
@@ -172,6 +171,9 @@ public final class RedisClient: Sendable {
 /// threads at once.
 final class Connection: @unchecked Sendable {
     private var context: UnsafeMutablePointer<redisContext>?
+    /// Its blocking calls run here: one serial queue per connection keeps the threads doing
+    /// Redis I/O to the pool's size (a shared concurrent queue made a thread per waiting call).
+    let queue = DispatchQueue(label: "warden.redis.connection")
 
     deinit { disconnect() }
 
