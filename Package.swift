@@ -93,7 +93,7 @@ let package = Package(
         .target(
             name: "Invalidation",
             dependencies: [
-                "SecurityEvents", "Redis",
+                "SecurityEvents", "Redis", "Ledger",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "GRDB", package: "GRDB.swift"),

@@ -1,5 +1,6 @@
 import Foundation
 internal import GRDB
+import Ledger
 public import Logging
 internal import PostgresNIO
 public import SecurityEvents
@@ -32,20 +33,14 @@ public final class SQLTarget: Sendable {
             summary = "sqlite \(path)"
             return
         }
-        guard let c = URLComponents(string: location), c.scheme == "postgres" || c.scheme == "postgresql", let host = c.host,
-              let user = c.user, !c.path.trimmingCharacters(in: CharacterSet(charactersIn: "/")).isEmpty
-        else {
-            throw TargetSettingsError("expected sqlite:PATH or postgres://user[:password]@host[:port]/database")
+        let parsed: PostgresLedger.Location
+        switch PostgresLedger.Location.parse(location) {
+        case .success(let value): parsed = value
+        case .failure(let error): throw TargetSettingsError("expected sqlite:PATH or a PostgreSQL URL: \(error.message)")
         }
-        let database = c.path.trimmingCharacters(in: CharacterSet(charactersIn: "/"))
-        var configuration = PostgresClient.Configuration(host: host, port: c.port ?? 5432, username: user,
-                                                         password: c.password?.removingPercentEncoding, database: database,
-                                                         tls: .disable)
-        configuration.options.maximumConnections = 4
-        configuration.options.connectTimeout = .seconds(5)
-        let client = PostgresClient(configuration: configuration, backgroundLogger: logger)
+        let client = parsed.makeClient(maximumConnections: 4, logger: logger)
         storage = .postgres(client, Task { await client.run() })
-        summary = "postgres://\(user)@\(host):\(c.port ?? 5432)/\(database)"
+        summary = parsed.description
     }
 
     /// Why a statement did not run: `retryable` when the database could not be reached.

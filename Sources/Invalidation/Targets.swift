@@ -1,5 +1,6 @@
 public import Foundation
 public import Redis
+import Ledger
 
 extension RedisConnectionSettings {
     /// Parses `redis://[user[:password]@]host[:port][/database]`; the error says what is wrong
@@ -98,7 +99,8 @@ public enum TargetSettings: Sendable, Hashable {
         case .revoke(let endpoint): "revoke \(endpoint.url.absoluteString) (auth \(endpoint.authentication.name))"
         case .webhook(let endpoint): "webhook \(endpoint.url.absoluteString)"
         case .sql(let location):
-            "sql \(location.hasPrefix("postgres") ? (URLComponents(string: location)?.host ?? "postgres") : location)"
+            // A PostgreSQL URL is shown without its password.
+            "sql \((try? PostgresLedger.Location.parse(location).get())?.description ?? location)"
         }
     }
 }

@@ -1,6 +1,6 @@
 import Foundation
 public import Logging
-internal import PostgresNIO
+package import PostgresNIO
 
 /// The ledger in PostgreSQL, shared by every replica: the unique (issuer, jti) constraint is the
 /// one place a claim is decided, and the outbox is seen by all. Each write is one transaction;
@@ -35,6 +35,15 @@ public final class PostgresLedger: Ledger {
         }
 
         public var description: String { "postgres://\(username)@\(host):\(port)/\(database)" }
+
+        /// A client for this location (no TLS; run it with `run()`).
+        package func makeClient(maximumConnections: Int, logger: Logger) -> PostgresClient {
+            var configuration = PostgresClient.Configuration(host: host, port: port, username: username, password: password,
+                                                             database: database, tls: .disable)
+            configuration.options.maximumConnections = maximumConnections
+            configuration.options.connectTimeout = .seconds(5)
+            return PostgresClient(configuration: configuration, backgroundLogger: logger)
+        }
     }
 
     public let location: Location
@@ -46,11 +55,7 @@ public final class PostgresLedger: Ledger {
     public init(_ location: Location, logger: Logger) async throws(LedgerError) {
         self.location = location
         self.logger = logger
-        var configuration = PostgresClient.Configuration(host: location.host, port: location.port, username: location.username,
-                                                         password: location.password, database: location.database, tls: .disable)
-        configuration.options.maximumConnections = 8
-        configuration.options.connectTimeout = .seconds(5)
-        let client = PostgresClient(configuration: configuration, backgroundLogger: logger)
+        let client = location.makeClient(maximumConnections: 8, logger: logger)
         self.client = client
         running = Task { await client.run() }
         var attempt = 0

@@ -269,20 +269,12 @@ public struct EventProcessor: Sendable {
             case (.valid(let verified, let user, let plan), .duplicate(let id)?):
                 metrics.outcome("duplicate")
                 logger.info("duplicate event", metadata: metadata(verified.token, message, eventID: id))
-                // A crash may have left this event's steps part-done: what is pending runs now.
-                guard let steps = await retrying("ledger", { try await ledger.steps(ofEvent: id) }) else {
-                    return Recorded(dispositions: dispositions, work: [])
-                }
-                let pending = steps.filter { $0.status == .pending }
-                if pending.isEmpty {
-                    dispositions[i] = .duplicate(eventID: id)
-                } else {
-                    dispositions[i] = nil
-                    let failedBefore = steps.contains { $0.status == .failed }
-                    work.append(Work(position: i, eventID: id, isNew: false, steps: pending,
-                                     outcomeIfDone: failedBefore ? .failed : plan.isUnresolved ? .unresolved : .processed,
-                                     context: StepContext(token: verified.token, user: user), message: message))
-                }
+                // A crash may have left this event's steps part-done: what is still pending runs
+                // when its turn in the subject's lane comes (read from the outbox then).
+                dispositions[i] = nil
+                work.append(Work(position: i, eventID: id, isNew: false, steps: [],
+                                 outcomeIfDone: plan.isUnresolved ? .unresolved : .processed,
+                                 context: StepContext(token: verified.token, user: user), message: message))
             case (.invalid(let code, let description), _):
                 metrics.outcome("invalid")
                 logger.warning("invalid token dead-lettered", metadata: [
@@ -310,6 +302,7 @@ public struct EventProcessor: Sendable {
         public var position: Int
         var eventID: Int64
         var isNew: Bool
+        /// The steps to run; for a redelivery, read from the outbox when its turn comes.
         var steps: [OutboxStep]
         /// The steps as planned, for a new event (a resumed one reads them from its outbox).
         var planned: [PlannedStep] = []
@@ -337,8 +330,8 @@ public struct EventProcessor: Sendable {
     func runSteps(_ work: Work) async -> EventOutcome? {
         var work = work
         if !work.isNew {
-            // A redelivery waited in its subject's lane behind the delivery that may still have
-            // been running these steps: read what is left now, not what was left when it arrived.
+            // A redelivery: its steps are read now, in its turn in the subject's lane, so steps
+            // the delivery before it finished meanwhile are not run again.
             guard let steps = await retrying("ledger", { try await ledger.steps(ofEvent: work.eventID) }) else { return nil }
             if steps.contains(where: { $0.status == .failed }) { work.outcomeIfDone = .failed }
             work.steps = steps.filter { $0.status == .pending }

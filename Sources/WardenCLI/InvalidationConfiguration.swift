@@ -1,5 +1,6 @@
 public import AsyncHTTPClient
 import Foundation
+import Ledger
 public import Invalidation
 public import Logging
 public import Pipeline
@@ -120,6 +121,9 @@ public struct InvalidationConfiguration: Sendable {
             let location = try c.requiredString()
             guard location.hasPrefix("sqlite:") || location.hasPrefix("postgres://") || location.hasPrefix("postgresql://") else {
                 throw c.error("expected sqlite:PATH or postgres://user[:password]@host[:port]/database")
+            }
+            if case .failure(let error) = PostgresLedger.Location.parse(location), !location.hasPrefix("sqlite:") {
+                throw c.error(error.message)
             }
             if location.hasPrefix("sqlite:"), !location.dropFirst("sqlite:".count).hasPrefix("/") {
                 let relative = String(location.dropFirst("sqlite:".count))

@@ -162,6 +162,8 @@ extension InvalidationConfigTests {
         guard case .sql(let location)? = c.targets["local"] else { Issue.record("local"); return }
         #expect(location.hasPrefix("sqlite:/") && location.hasSuffix("/app.sqlite"))
         #expect(error("targets: {db: {sql: \"mysql://x/y\"}}").contains("targets.db.sql: expected sqlite:PATH or postgres://"))
+        let noUser = error("targets: {db: {sql: \"postgres://:hunter2@db.internal/app\"}}")
+        #expect(noUser.contains("targets.db.sql: expected postgres://user[:password]@host[:port]/database") && !noUser.contains("hunter2"))
         #expect(error("targets: {db: {sql: \"sqlite:a.db\"}}\nsubjects: {resolve: {sql: \"SELECT 1\", target: nope}}")
             .contains("subjects.resolve.target: \"nope\" is not a sql target"))
     }
