@@ -154,6 +154,7 @@ let package = Package(
                 .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
             swiftSettings: strict
         ),
@@ -194,7 +195,7 @@ let package = Package(
         ),
         .testTarget(
             name: "KafkaTests",
-            dependencies: ["Kafka", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["Kafka", "WardenTestSupport", .product(name: "Logging", package: "swift-log")],
             swiftSettings: testSettings
         ),
         .testTarget(

@@ -107,7 +107,7 @@ try jwks.write(to: directory.appendingPathComponent("jwks.json"), atomically: tr
 let tokensFile = directory.appendingPathComponent("tokens.tsv")
 try (store.lines.joined(separator: "\n") + "\n").write(to: tokensFile, atomically: true, encoding: .utf8)
 // With Redis: a server, and two sessions listed in each user's set.
-let redis: RedisServer? = withRedis ? try RedisServer() : nil
+let redis: RedisServer? = withRedis ? try await RedisServer() : nil
 var redisTarget = ""
 if let redis {
     redisTarget = "targets: {sessions: {redis: \"redis://127.0.0.1:\(redis.port)/0\"}}"
@@ -119,7 +119,7 @@ if let redis {
     pipe.arguments = ["-c", "redis-cli -p \(redis.port) --pipe < '\(seed.path)' > /dev/null"]
     try pipe.run()
     pipe.waitUntilExit()
-    print("redis-server seeded: \(try redis.cli(["DBSIZE"])) keys (two sessions and a set per user)")
+    print("redis-server seeded: \(try await redis.cli(["DBSIZE"])) keys (two sessions and a set per user)")
 }
 let config = directory.appendingPathComponent("warden.yaml")
 try """
@@ -214,13 +214,11 @@ let workerCPU: Double? = {
 }()
 worker.terminate()
 worker.waitUntilExit()
-// Globals are never released: stop the server here rather than leave it running.
-defer { redis?.stop() }
 guard let (t0, n0) = firstSeen, last.1 >= count else { fatalError("the worker recorded \(last.1) of \(count) events") }
 let rate = Double(last.1 - n0) / last.0.timeIntervalSince(t0)
 if let redis {
     print("warden run end to end (Kafka → verify → SQLite ledger with outbox → Redis purge-set → step recorded → commit), \(count) SETs, \(partitions) partitions: \(Int(rate)) SETs/s")
-    print("redis-server keys left after the run: \(try redis.cli(["DBSIZE"])) (0 = every session purged)")
+    print("redis-server keys left after the run: \(try await redis.cli(["DBSIZE"])) (0 = every session purged)")
 } else {
     print("warden run end to end (Kafka → verify → SQLite ledger → commit), \(count) SETs, \(partitions) partitions: \(Int(rate)) SETs/s")
 }
@@ -232,3 +230,5 @@ print("twice that (two cores of verification alone): \(Int(2 * verifyRate)) /s; 
 if let limit {
     print("two-core RSA-2048 verify limit (openssl speed -multi 2): \(Int(limit)) /s; end to end is \(String(format: "%.2f", rate / limit)) of it\(withRedis ? "" : " (goal ≥ 0.5)")")
 }
+// Globals are never released: stop the server here rather than leave it running.
+await redis?.stop()

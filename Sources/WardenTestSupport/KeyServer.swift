@@ -3,6 +3,7 @@ import HTTPTypes
 import Hummingbird
 import Logging
 import NIOCore
+import ServiceLifecycle
 import Synchronization
 
 /// A real HTTP server on a random loopback port that serves whatever documents a test puts on
@@ -40,7 +41,9 @@ public final class KeyServer: Sendable {
         var recorded: [RecordedRequest] = []
         var counts: [String: Int] = [:]
         var port: Int = 0
-        var task: Task<Void, any Error>?
+        var running: (group: ServiceGroup, task: Task<Void, any Error>)?
+        /// Set while stopping: delayed answers stop waiting.
+        var stopping = false
     }
 
     private let state = Mutex(State())
@@ -107,7 +110,10 @@ public final class KeyServer: Sendable {
                 return s.documents[path]
             }
             guard let document else { return Response(status: .notFound) }
-            if document.delay > 0 { try await Task.sleep(for: .milliseconds(Int(document.delay * 1000))) }
+            let answerAt = ContinuousClock.now + .milliseconds(Int(document.delay * 1000))
+            while ContinuousClock.now < answerAt, !self.state.withLock({ $0.stopping }) {
+                try await Task.sleep(for: .milliseconds(20))
+            }
             var fields = HTTPFields()
             for (name, value) in document.headers {
                 if let fieldName = HTTPField.Name(name) { fields[fieldName] = value }
@@ -123,7 +129,11 @@ public final class KeyServer: Sendable {
             onServerRunning: { channel in continuation.yield(channel.localAddress?.port ?? 0) },
             logger: logger
         )
-        let task = Task { try await app.runService() }
+        // Run in a service group so that `stop` can shut it down gracefully: cancelling the
+        // serving task while an accepted connection is still queued for it traps in NIO
+        // ("Deinited NIOAsyncWriter without calling finish()").
+        let group = ServiceGroup(configuration: .init(services: [app], gracefulShutdownSignals: [], logger: logger))
+        let task = Task { try await group.run() }
         var bound = 0
         for await p in stream {
             bound = p
@@ -131,18 +141,31 @@ public final class KeyServer: Sendable {
         }
         state.withLock {
             $0.port = bound
-            $0.task = task
+            $0.running = (group, task)
+            $0.stopping = false
         }
     }
 
-    /// Takes the server down: connections are refused until `restart()`.
+    /// Takes the server down: connections are refused until `restart()`. Shuts down gracefully
+    /// (delayed answers are cut short); cancels only if that has not finished in ten seconds.
     public func stop() async {
-        let task = state.withLock { s -> Task<Void, any Error>? in
-            defer { s.task = nil }
-            return s.task
+        guard let (group, task) = state.withLock({ s -> (ServiceGroup, Task<Void, any Error>)? in
+            defer { s.running = nil }
+            s.stopping = true
+            return s.running
+        }) else { return }
+        await group.triggerGracefulShutdown()
+        let finished = await withTaskGroup(of: Bool.self) { waiting in
+            waiting.addTask { _ = try? await task.value; return true }
+            waiting.addTask { try? await Task.sleep(for: .seconds(10)); return false }
+            let first = await waiting.next() ?? false
+            waiting.cancelAll()
+            return first
         }
-        task?.cancel()
-        _ = try? await task?.value
+        if !finished {
+            task.cancel()
+            _ = try? await task.value
+        }
     }
 
     public func restart() async throws {

@@ -13,21 +13,21 @@ public final class RedisServer: @unchecked Sendable {
     private let directory: URL
     private var process: Process?
 
-    public init(password: String? = nil, persistent: Bool = false) throws {
+    public init(password: String? = nil, persistent: Bool = false) async throws {
         self.port = try freeLoopbackPort()
         self.password = password
         self.persistent = persistent
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("warden-redis-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        try start()
+        try await start()
     }
 
     deinit {
-        stop()
+        kill()
         try? FileManager.default.removeItem(at: directory)
     }
 
-    public func start() throws {
+    public func start() async throws {
         let p = Process()
         p.executableURL = URL(fileURLWithPath: "/usr/bin/redis-server")
         var arguments = ["--port", String(port), "--bind", "127.0.0.1", "--save", "",
@@ -42,46 +42,31 @@ public final class RedisServer: @unchecked Sendable {
         // Ready when it accepts connections.
         for _ in 0..<200 {
             if canConnect(port: port) { return }
-            usleep(25_000)
+            try await Task.sleep(for: .milliseconds(25))
         }
         throw TestServerError("redis-server did not start on port \(port)")
     }
 
     /// Kills the server at once (SIGKILL: a child of the test process may inherit a mask that
     /// blocks SIGTERM, and a crash is what the tests want to survive anyway).
-    public func stop() {
+    public func stop() async {
         guard let process else { return }
-        kill(process.processIdentifier, SIGKILL)
-        process.waitUntilExit()
+        Foundation.kill(process.processIdentifier, SIGKILL)
+        _ = try? await onOwnThread { process.waitUntilExit() }
         self.process = nil
     }
 
+    private func kill() {
+        guard let process else { return }
+        Foundation.kill(process.processIdentifier, SIGKILL)
+        process.waitUntilExit()
+    }
+
     /// Runs `redis-cli` against this server (as an independent client would) and returns its output.
-    public func cli(_ arguments: [String]) throws -> String {
-        try runProgram("/usr/bin/redis-cli", ["-h", "127.0.0.1", "-p", String(port)] + arguments,
+    public func cli(_ arguments: [String]) async throws -> String {
+        try await runProgram("/usr/bin/redis-cli", ["-h", "127.0.0.1", "-p", String(port)] + arguments,
                        environment: password.map { ["REDISCLI_AUTH": $0] } ?? [:])
     }
-}
-
-/// Runs a program to its end and returns its standard output, trimmed; a non-zero exit is an
-/// error carrying its standard error.
-@discardableResult
-public func runProgram(_ program: String, _ arguments: [String], environment: [String: String] = [:]) throws -> String {
-    let p = Process()
-    p.executableURL = URL(fileURLWithPath: program)
-    p.arguments = arguments
-    p.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
-    let out = Pipe(), err = Pipe()
-    p.standardOutput = out
-    p.standardError = err
-    try p.run()
-    let data = out.fileHandleForReading.readDataToEndOfFile()
-    let errors = err.fileHandleForReading.readDataToEndOfFile()
-    p.waitUntilExit()
-    guard p.terminationStatus == 0 else {
-        throw TestServerError("\(program) failed (\(p.terminationStatus)): \(String(decoding: errors, as: UTF8.self))")
-    }
-    return String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
 }
 
 public struct TestServerError: Error, CustomStringConvertible {

@@ -28,7 +28,7 @@ struct HTTPStepTests {
     }
 
     @Test func tokensRevokedRevokesEveryHeldTokenWithBasicAuthThenDeletesThem() async throws {
-        let redisServer = try RedisServer()
+        let redisServer = try await RedisServer()
         let redis = RedisClient(settings: .init(host: "127.0.0.1", port: redisServer.port))
         defer { redis.close() }
         let server = try await KeyServer.start()
@@ -61,8 +61,8 @@ struct HTTPStepTests {
             let encoded = request.headers["authorization"]?.dropFirst("Basic ".count) ?? ""
             #expect(String(decoding: Data(base64Encoded: String(encoded)) ?? Data(), as: UTF8.self) == "warden+app:s3cr%26t%3Ax")
         }
-        #expect(try redisServer.cli(["EXISTS", "oauth-tokens:u1"]) == "0")
-        #expect(try redisServer.cli(["HLEN", "idx"]) == "0")
+        #expect(try await redisServer.cli(["EXISTS", "oauth-tokens:u1"]) == "0")
+        #expect(try await redisServer.cli(["HLEN", "idx"]) == "0")
     }
 
     @Test func clientSecretPostAndPublicClientPutCredentialsInTheBody() async throws {

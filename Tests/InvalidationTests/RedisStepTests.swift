@@ -11,8 +11,8 @@ struct RedisStepTests {
     let client: RedisClient
     let executor: RedisStepExecutor
 
-    init() throws {
-        server = try RedisServer()
+    init() async throws {
+        server = try await RedisServer()
         client = RedisClient(settings: .init(host: "127.0.0.1", port: server.port, timeout: 2))
         executor = RedisStepExecutor(clients: ["sessions": client], stores: [
             "indexed": TokenStoreSettings(redisTarget: "sessions", hash: "oauth-tokens:{user}", index: "oauth-token-index"),
@@ -20,7 +20,7 @@ struct RedisStepTests {
         ])
     }
 
-    func cli(_ arguments: String...) throws -> String { try server.cli(arguments) }
+    func cli(_ arguments: String...) async throws -> String { try await server.cli(arguments) }
     var context: StepContext { StepContext(token: token("sessions-revoked"), user: "u1") }
 
     @Test func purgeSetDeletesEveryListedSessionAndEmptiesTheSet() async throws {
@@ -28,9 +28,9 @@ struct RedisStepTests {
         _ = try await client.send(["SET", "session:other-user", "data"])
         let outcome = await executor.execute(.purgeSet(target: "sessions", set: "user-sessions:u1"), context: context)
         #expect(outcome == .done("1200 listed, 1200 keys deleted from user-sessions:u1"))
-        #expect(try cli("EXISTS", "user-sessions:u1") == "0")
-        #expect(try cli("DBSIZE") == "1")
-        #expect(try cli("EXISTS", "session:other-user") == "1")
+        #expect(try await cli("EXISTS", "user-sessions:u1") == "0")
+        #expect(try await cli("DBSIZE") == "1")
+        #expect(try await cli("EXISTS", "session:other-user") == "1")
         // Again: nothing left to do, and that is success.
         #expect(await executor.execute(.purgeSet(target: "sessions", set: "user-sessions:u1"), context: context)
             == .done("0 listed, 0 keys deleted from user-sessions:u1"))
@@ -45,19 +45,19 @@ struct RedisStepTests {
             PolicyRule(.purgePattern(target: "sessions", pattern: "s:{user}:*")),
         ]])).plan(token("sessions-revoked"), subject: .user("*")).steps[0].action
         #expect(await executor.execute(escaped, context: context) == .done(#"1 keys matching s:\*:* deleted"#))
-        #expect(try cli("EXISTS", "s:u1:a") == "1")
+        #expect(try await cli("EXISTS", "s:u1:a") == "1")
         #expect(await executor.execute(.purgePattern(target: "sessions", pattern: "s:u1:*"), context: context)
             == .done("2 keys matching s:u1:* deleted"))
-        #expect(try cli("EXISTS", "s:u10:a") == "1")
+        #expect(try await cli("EXISTS", "s:u10:a") == "1")
     }
 
     @Test func setFlagWithAndWithoutExpiry() async throws {
         _ = await executor.execute(.setFlag(target: "sessions", key: "signin-disabled:u1", value: "1", ttl: nil), context: context)
-        #expect(try cli("GET", "signin-disabled:u1") == "1")
-        #expect(try cli("TTL", "signin-disabled:u1") == "-1")
+        #expect(try await cli("GET", "signin-disabled:u1") == "1")
+        #expect(try await cli("TTL", "signin-disabled:u1") == "-1")
         _ = await executor.execute(.setFlag(target: "sessions", key: "blocked:u1", value: "hijacked", ttl: 3600), context: context)
-        #expect(try cli("GET", "blocked:u1") == "hijacked")
-        let ttl = Int(try cli("TTL", "blocked:u1")) ?? -1
+        #expect(try await cli("GET", "blocked:u1") == "hijacked")
+        let ttl = Int(try await cli("TTL", "blocked:u1")) ?? -1
         #expect(ttl > 3500 && ttl <= 3600)
     }
 
@@ -83,21 +83,21 @@ struct RedisStepTests {
 
         let byPrefix = await executor.execute(.deleteToken(store: "indexed"), context: revoked(.prefix, String(a.prefix(16))))
         #expect(byPrefix.result == "done")
-        #expect(try cli("HKEYS", "oauth-tokens:u1") == "t-b")
-        #expect(try cli("HEXISTS", "oauth-token-index", "prefix:" + String(a.prefix(16))) == "0")
+        #expect(try await cli("HKEYS", "oauth-tokens:u1") == "t-b")
+        #expect(try await cli("HEXISTS", "oauth-token-index", "prefix:" + String(a.prefix(16))) == "0")
 
         let hash = HeldTokenIdentifiers(token: b).hash
         #expect(await executor.execute(.deleteToken(store: "indexed"), context: revoked(.hashBase64SHA512SHA512, hash)).result == "done")
-        #expect(try cli("EXISTS", "oauth-tokens:u1") == "0")
-        #expect(try cli("HLEN", "oauth-token-index") == "2")  // only u2's token's two entries remain
-        #expect(try cli("HGET", "oauth-tokens:u2", "t-c") == "ya29.other-user-token-value")
+        #expect(try await cli("EXISTS", "oauth-tokens:u1") == "0")
+        #expect(try await cli("HLEN", "oauth-token-index") == "2")  // only u2's token's two entries remain
+        #expect(try await cli("HGET", "oauth-tokens:u2", "t-c") == "ya29.other-user-token-value")
 
         // A token nobody holds: done, nothing deleted.
         let none = await executor.execute(.deleteToken(store: "indexed"), context: revoked(.prefix, "1//0gZZZZZZZZZZZZ"))
         guard case .done(let text) = none else { Issue.record("expected done, got \(none)"); return }
         #expect(text.hasPrefix("no held token matches prefix:"))
         #expect(!text.contains("1//0gZZZZZZZZZZZZ"))  // the identifier is not written whole
-        #expect(try cli("HLEN", "oauth-token-index") == "2")
+        #expect(try await cli("HLEN", "oauth-token-index") == "2")
     }
 
     @Test func deleteTokenWithoutAnIndexScansTheStore() async throws {
@@ -105,8 +105,8 @@ struct RedisStepTests {
         try await hold("1//0gCCCCCCCCCCCC-third", user: "u3", id: "t-x", indexed: false)
         let outcome = await executor.execute(.deleteToken(store: "plain"), context: revoked(.plain, "1//0gCCCCCCCCCCCC-third"))
         #expect(outcome.result == "done")
-        #expect(try cli("EXISTS", "oauth-tokens:u3") == "0")
-        #expect(try cli("HGET", "oauth-tokens:u1", "t-a") == "1//0gAAAAAAAAAAAA-first")
+        #expect(try await cli("EXISTS", "oauth-tokens:u3") == "0")
+        #expect(try await cli("HGET", "oauth-tokens:u1", "t-a") == "1//0gAAAAAAAAAAAA-first")
     }
 
     @Test func deleteTokensRemovesTheUsersHashAndIndexEntries() async throws {
@@ -114,8 +114,8 @@ struct RedisStepTests {
         try await hold("1//0gBBBBBBBBBBBB-two", user: "u1", id: "t-2")
         try await hold("1//0gCCCCCCCCCCCC-keep", user: "u2", id: "t-3")
         #expect(await executor.execute(.deleteTokens(store: "indexed"), context: context) == .done("2 held token(s) of the user deleted"))
-        #expect(try cli("EXISTS", "oauth-tokens:u1") == "0")
-        #expect(try cli("HLEN", "oauth-token-index") == "2")
+        #expect(try await cli("EXISTS", "oauth-tokens:u1") == "0")
+        #expect(try await cli("HLEN", "oauth-token-index") == "2")
     }
 
     @Test func unreachableRedisIsRetryAndAWrongTypeIsAPermanentFailure() async throws {
@@ -124,10 +124,10 @@ struct RedisStepTests {
         guard case .failed(let reason) = wrongType else { Issue.record("expected failed, got \(wrongType)"); return }
         #expect(reason.contains("WRONGTYPE"))
 
-        server.stop()
+        await server.stop()
         let down = await executor.execute(.purgeKeys(target: "sessions", keys: ["k"]), context: context)
         #expect(down.result == "retry")
-        try server.start()
+        try await server.start()
         var back = await executor.execute(.purgeKeys(target: "sessions", keys: ["k"]), context: context)
         if back.result == "retry" { back = await executor.execute(.purgeKeys(target: "sessions", keys: ["k"]), context: context) }
         #expect(back == .done("0 of 1 keys deleted"))

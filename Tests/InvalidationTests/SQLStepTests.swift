@@ -14,10 +14,10 @@ struct SQLStepTests {
     }
 
     @Test func postgresStatementAndLookup() async throws {
-        let server = try PostgresServer()
-        let database = try server.createDatabase()
-        _ = try server.psql(database, "CREATE TABLE users (id TEXT PRIMARY KEY, google_sub TEXT UNIQUE, google_signin BOOLEAN NOT NULL)")
-        _ = try server.psql(database, "INSERT INTO users VALUES ('local-7', '1234', true), ('local-8', '5678', true)")
+        let server = try await PostgresServer()
+        let database = try await server.createDatabase()
+        _ = try await server.psql(database, "CREATE TABLE users (id TEXT PRIMARY KEY, google_sub TEXT UNIQUE, google_signin BOOLEAN NOT NULL)")
+        _ = try await server.psql(database, "INSERT INTO users VALUES ('local-7', '1234', true), ('local-8', '5678', true)")
         let target = try SQLTarget(location: "postgres://\(server.username)@127.0.0.1:\(server.port)/\(database)", logger: Self.quiet)
         let context = StepContext(token: token("account-disabled"), user: "local-7")
 
@@ -32,11 +32,11 @@ struct SQLStepTests {
         let step = StepAction.sql(target: "appdb", statement: "UPDATE users SET google_signin = false WHERE id = $1",
                                   parameters: ["local-7"])
         #expect(await executor.execute(step, context: context).result == "done")
-        #expect(try server.psql(database, "SELECT id, google_signin FROM users ORDER BY id") == "local-7|f\nlocal-8|t")
+        #expect(try await server.psql(database, "SELECT id, google_signin FROM users ORDER BY id") == "local-7|f\nlocal-8|t")
         let injection = StepAction.sql(target: "appdb", statement: "UPDATE users SET google_signin = false WHERE id = $1",
                                        parameters: ["x' OR '1'='1"])
         #expect(await executor.execute(injection, context: context).result == "done")
-        #expect(try server.psql(database, "SELECT count(*) FROM users WHERE google_signin") == "1")
+        #expect(try await server.psql(database, "SELECT count(*) FROM users WHERE google_signin") == "1")
 
         let broken = await executor.execute(.sql(target: "appdb", statement: "UPDATE no_such_table SET x = 1", parameters: []), context: context)
         guard case .failed(let reason) = broken else { Issue.record("expected failed, got \(broken)"); return }

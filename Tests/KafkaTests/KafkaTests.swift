@@ -2,6 +2,7 @@ import Foundation
 import Kafka
 import Logging
 import Testing
+import WardenTestSupport
 
 /// Against librdkafka's mock cluster over TCP, with kcat as an independent client.
 @Suite("Kafka over the mock cluster", .serialized, .timeLimit(.minutes(3)))
@@ -15,21 +16,12 @@ struct KafkaTests {
     static let fastGroup: KafkaProperties = ["session.timeout.ms": "6000", "heartbeat.interval.ms": "500"]
 
     /// Produces `values` with kcat (one message per line) to one partition.
-    static func kcatProduce(_ brokers: String, topic: String, partition: Int, lines: [String], key: String? = nil) throws {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/kcat")
+    static func kcatProduce(_ brokers: String, topic: String, partition: Int, lines: [String], key: String? = nil) async throws {
         var arguments = ["-P", "-b", brokers, "-t", topic, "-p", "\(partition)"]
         if key != nil { arguments += ["-K", "\t"] }
-        process.arguments = arguments
-        let input = Pipe()
-        process.standardInput = input
-        process.standardError = FileHandle.nullDevice
-        try process.run()
         let text = lines.map { line in key.map { "\($0)\t\(line)" } ?? line }.joined(separator: "\n") + "\n"
-        input.fileHandleForWriting.write(Data(text.utf8))
-        try input.fileHandleForWriting.close()
-        process.waitUntilExit()
-        #expect(process.terminationStatus == 0, "kcat failed")
+        let result = try await runToEnd(URL(fileURLWithPath: "/usr/bin/kcat"), arguments, stdin: text)
+        #expect(result.status == 0, "kcat failed: \(result.stderr.suffix(2000))")
     }
 
     /// Reads `count` messages (or gives up after `timeout` seconds), finishing those `finish` accepts.
@@ -57,7 +49,7 @@ struct KafkaTests {
 
     @Test func consumesWhatKcatProducesAndCommitsOnlyFinishedOffsets() async throws {
         let cluster = try EmbeddedKafkaCluster(topics: [("t1", 2)], logger: Self.logger)
-        try Self.kcatProduce(cluster.bootstrapServers, topic: "t1", partition: 0, lines: (0..<10).map { "message-\($0)" }, key: "user-1")
+        try await Self.kcatProduce(cluster.bootstrapServers, topic: "t1", partition: 0, lines: (0..<10).map { "message-\($0)" }, key: "user-1")
 
         let configuration = KafkaConsumerConfiguration(bootstrapServers: cluster.bootstrapServers, groupID: "g1", topics: ["t1"],
                                                        properties: Self.fastGroup, commitInterval: 0.2)
@@ -132,7 +124,7 @@ struct KafkaTests {
 
         a.close()
         try await runA
-        for p in 0..<4 { try Self.kcatProduce(cluster.bootstrapServers, topic: "t3", partition: p, lines: ["after-\(p)"]) }
+        for p in 0..<4 { try await Self.kcatProduce(cluster.bootstrapServers, topic: "t3", partition: p, lines: ["after-\(p)"]) }
         // The survivor takes over every partition. A message may come twice (a rebalance can
         // move a partition before its commit lands); that is what the ledger absorbs.
         var seen: [Int32: String] = [:]

@@ -18,11 +18,11 @@ final class LedgerUnderTest: Sendable {
     let server: PostgresServer?
     let database: String
 
-    init(_ backend: Backend) throws {
+    init(_ backend: Backend) async throws {
         self.backend = backend
         path = SQLiteLedgerTests.temporaryPath()
-        server = backend == .postgres ? try PostgresServer() : nil
-        database = try server?.createDatabase() ?? ""
+        server = backend == .postgres ? try await PostgresServer() : nil
+        database = try await server?.createDatabase() ?? ""
     }
 
     func open() async throws -> any Ledger {
@@ -42,7 +42,7 @@ struct LedgerContractTests {
     typealias E = SQLiteLedgerTests
 
     @Test(arguments: Backend.allCases) func claimsAreNewThenDuplicatePerIssuer(_ backend: Backend) async throws {
-        let storage = try LedgerUnderTest(backend)
+        let storage = try await LedgerUnderTest(backend)
         let ledger = try await storage.open()
         guard case .new(let id) = try await ledger.claim(E.event(jti: "a"), outcome: .pending, steps: []) else {
             Issue.record("the first claim must be new"); return
@@ -58,7 +58,7 @@ struct LedgerContractTests {
     }
 
     @Test(arguments: Backend.allCases) func concurrentClaimsOfOneJTIMakeExactlyOneNew(_ backend: Backend) async throws {
-        let storage = try LedgerUnderTest(backend)
+        let storage = try await LedgerUnderTest(backend)
         let ledger = try await storage.open()
         let claims = await withTaskGroup(of: Claim?.self) { group in
             for i in 0..<32 {
@@ -74,7 +74,7 @@ struct LedgerContractTests {
     }
 
     @Test(arguments: Backend.allCases) func aBatchIsRecordedInOrderWithRejectionsAndSurvivesReopening(_ backend: Backend) async throws {
-        let storage = try LedgerUnderTest(backend)
+        let storage = try await LedgerUnderTest(backend)
         do {
             let ledger = try await storage.open()
             let claims = try await ledger.record([
@@ -97,7 +97,7 @@ struct LedgerContractTests {
     }
 
     @Test(arguments: Backend.allCases) func theOutboxKeepsEachStepsOutcome(_ backend: Backend) async throws {
-        let storage = try LedgerUnderTest(backend)
+        let storage = try await LedgerUnderTest(backend)
         let planned = [OutboxStep(index: 0, kind: "purge-set", action: #"{"a":1}"#), OutboxStep(index: 1, kind: "notify", action: #"{"b":2}"#)]
         let id: Int64
         do {
@@ -123,12 +123,12 @@ struct LedgerContractTests {
     }
 
     @Test func postgresTablesAreReadableByAnotherClient() async throws {
-        let storage = try LedgerUnderTest(.postgres)
+        let storage = try await LedgerUnderTest(.postgres)
         let ledger = try await storage.open()
         _ = try await ledger.claim(E.event(jti: "seen-by-psql"), outcome: .pending, steps: [OutboxStep(index: 0, kind: "notify", action: "{}")])
-        #expect(try storage.server!.psql(storage.database, "SELECT jti, outcome FROM events") == "seen-by-psql|pending")
-        #expect(try storage.server!.psql(storage.database, "SELECT kind, status FROM steps") == "notify|pending")
-        #expect(try storage.server!.psql(storage.database, "SELECT name FROM warden_migrations ORDER BY name") == "v1-events\nv2-outbox")
+        #expect(try await storage.server!.psql(storage.database, "SELECT jti, outcome FROM events") == "seen-by-psql|pending")
+        #expect(try await storage.server!.psql(storage.database, "SELECT kind, status FROM steps") == "notify|pending")
+        #expect(try await storage.server!.psql(storage.database, "SELECT name FROM warden_migrations ORDER BY name") == "v1-events\nv2-outbox")
         await ledger.close()
         // A second ledger on the same database finds the schema in place.
         let again = try await storage.open()

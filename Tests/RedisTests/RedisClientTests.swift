@@ -6,7 +6,7 @@ import WardenTestSupport
 @Suite("Redis client over hiredis, against a real redis-server")
 struct RedisClientTests {
     @Test func commandsAndPipelinedReplies() async throws {
-        let server = try RedisServer()
+        let server = try await RedisServer()
         let client = RedisClient(settings: .init(host: "127.0.0.1", port: server.port))
         defer { client.close() }
         #expect(try await client.send(["SET", "k", "v"]) == .status("OK"))
@@ -19,11 +19,11 @@ struct RedisClientTests {
         guard case .error(let message) = replies[4] else { Issue.record("INCR on a string must fail"); return }
         #expect(message.contains("not an integer"))
         // Another client sees what this one wrote.
-        #expect(try server.cli(["SCARD", "s"]) == "2")
+        #expect(try await server.cli(["SCARD", "s"]) == "2")
     }
 
     @Test func binaryValuesRoundTrip() async throws {
-        let server = try RedisServer()
+        let server = try await RedisServer()
         let client = RedisClient(settings: .init(host: "127.0.0.1", port: server.port))
         defer { client.close() }
         let value: [UInt8] = [0, 1, 2, 0xFF, 0x0D, 0x0A, 0]
@@ -32,12 +32,12 @@ struct RedisClientTests {
     }
 
     @Test func passwordAndDatabaseNumber() async throws {
-        let server = try RedisServer(password: "correct horse")
+        let server = try await RedisServer(password: "correct horse")
         let client = RedisClient(settings: .init(host: "127.0.0.1", port: server.port, database: 3, password: "correct horse"))
         defer { client.close() }
         _ = try await client.send(["SET", "in-three", "1"])
-        #expect(try server.cli(["-n", "3", "EXISTS", "in-three"]) == "1")
-        #expect(try server.cli(["-n", "0", "EXISTS", "in-three"]) == "0")
+        #expect(try await server.cli(["-n", "3", "EXISTS", "in-three"]) == "1")
+        #expect(try await server.cli(["-n", "0", "EXISTS", "in-three"]) == "0")
 
         let wrong = RedisClient(settings: .init(host: "127.0.0.1", port: server.port, password: "wrong horse"))
         defer { wrong.close() }
@@ -52,18 +52,18 @@ struct RedisClientTests {
     }
 
     @Test func reconnectsAfterTheServerRestarts() async throws {
-        let server = try RedisServer()
+        let server = try await RedisServer()
         let client = RedisClient(settings: .init(host: "127.0.0.1", port: server.port, poolSize: 2, timeout: 2))
         defer { client.close() }
         #expect(try await client.send(["PING"]) == .status("PONG"))
-        server.stop()
+        await server.stop()
         do {
             _ = try await client.send(["PING"])
             Issue.record("a stopped server must not answer")
         } catch {
             #expect(error.isRetryable)
         }
-        try server.start()
+        try await server.start()
         // The broken connection was dropped; the next call opens a new one.
         var answered = false
         for _ in 0..<3 where !answered {
@@ -73,7 +73,7 @@ struct RedisClientTests {
     }
 
     @Test func manyConcurrentCallersShareThePool() async throws {
-        let server = try RedisServer()
+        let server = try await RedisServer()
         let client = RedisClient(settings: .init(host: "127.0.0.1", port: server.port, poolSize: 3))
         defer { client.close() }
         try await withThrowingTaskGroup(of: Void.self) { group in
@@ -84,6 +84,6 @@ struct RedisClientTests {
         }
         #expect(try await client.send(["SCARD", "all"]) == .integer(200))
         #expect(try await client.send(["GET", "count"]).text == "200")
-        #expect(Int(try server.cli(["CLIENT", "LIST"]).split(separator: "\n").count) <= 4)  // 3 pooled + redis-cli
+        #expect(Int(try await server.cli(["CLIENT", "LIST"]).split(separator: "\n").count) <= 4)  // 3 pooled + redis-cli
     }
 }

@@ -3,6 +3,7 @@ import SETMinting
 import SecurityEvents
 import Testing
 import TokenVerification
+import WardenTestSupport
 
 /// Tokens signed by swift-crypto (BoringSSL) verify through Warden's OpenSSL path, for every
 /// supported algorithm; a one-bit change to the signature fails each of them.
@@ -106,9 +107,9 @@ struct AlgorithmTests {
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: directory) }
         let pem = directory.appendingPathComponent("key.pem").path
-        _ = try openssl(["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048",
+        _ = try await openssl(["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048",
                          "-pkeyopt", "rsa_keygen_pubexp:\(exponent)", "-out", pem])
-        let modulusLine = String(decoding: try openssl(["rsa", "-in", pem, "-noout", "-modulus"]), as: UTF8.self)
+        let modulusLine = String(decoding: try await openssl(["rsa", "-in", pem, "-noout", "-modulus"]), as: UTF8.self)
         let hex = Array(modulusLine.trimmingCharacters(in: .whitespacesAndNewlines).dropFirst("Modulus=".count))
         let modulus = stride(from: 0, to: hex.count, by: 2).map { UInt8(String(hex[$0..<$0 + 2]), radix: 16)! }
         var e = [UInt8](), rest = exponent
@@ -126,26 +127,18 @@ struct AlgorithmTests {
             + Base64URL.encode(JSONValue.object(Fixture.riscClaims(clock)).jsonText)
         let message = directory.appendingPathComponent("input").path
         try Data(input.utf8).write(to: URL(fileURLWithPath: message))
-        var signature = try openssl(["dgst", "-sha256", "-sign", pem, message])
+        var signature = try await openssl(["dgst", "-sha256", "-sign", pem, message])
         #expect(await verifier.verify(input + "." + Base64URL.encode(signature)).value != nil)
         signature[7] ^= 0x40
         #expect(await verifier.verify(input + "." + Base64URL.encode(signature)).error?.kind == .badSignature)
     }
 
-    private func openssl(_ arguments: [String]) throws -> [UInt8] {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/openssl")
-        process.arguments = arguments
-        let out = Pipe()
-        process.standardOutput = out
-        process.standardError = FileHandle.nullDevice
-        try process.run()
-        let data = out.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
-        guard process.terminationStatus == 0 else {
-            throw CocoaError(.executableLoad, userInfo: [NSLocalizedDescriptionKey: "openssl \(arguments.first ?? "") failed"])
+    private func openssl(_ arguments: [String]) async throws -> [UInt8] {
+        let result = try await runToEnd(URL(fileURLWithPath: "/usr/bin/openssl"), arguments)
+        guard result.status == 0 else {
+            throw CocoaError(.executableLoad, userInfo: [NSLocalizedDescriptionKey: "openssl \(arguments.first ?? "") failed: \(result.stderr)"])
         }
-        return Array(data)
+        return Array(result.output)
     }
 
     @Test func thumbprintFollowsRFC7638() throws {

@@ -16,7 +16,7 @@ struct EngineWorkerTests {
     }
 
     @Test func sessionsAndSignInFlagsFollowTheBuiltInPolicy() async throws {
-        let redis = try RedisServer()
+        let redis = try await RedisServer()
         let setup = try WorkerTests.Setup(extra: """
             targets:
               sessions: {redis: "redis://127.0.0.1:\(redis.port)/0"}
@@ -24,13 +24,13 @@ struct EngineWorkerTests {
         defer { setup.cleanUp() }
         for user in ["u1", "u2"] {
             for i in 0..<3 {
-                _ = try redis.cli(["SET", "session:\(user):\(i)", "x"])
-                _ = try redis.cli(["SADD", "user-sessions:\(user)", "session:\(user):\(i)"])
+                _ = try await redis.cli(["SET", "session:\(user):\(i)", "x"])
+                _ = try await redis.cli(["SADD", "user-sessions:\(user)", "session:\(user):\(i)"])
             }
         }
         let worker = try WorkerProcess(config: setup.config)
         _ = try await worker.httpPort()
-        try WorkerTests.produce(setup.cluster.bootstrapServers, [
+        try await WorkerTests.produce(setup.cluster.bootstrapServers, [
             ("u1", try token(.sessionsRevoked, subject: "u1")),
             ("u3", try token(.accountDisabled, subject: "u3")),  // no reason: sign-in flag
             ("u2", try token(.accountDisabled, subject: "u2", extra: ["reason": "hijacking"])),  // sessions purged
@@ -39,18 +39,18 @@ struct EngineWorkerTests {
             let events = try SQLiteLedgerReader(path: setup.ledgerPath).events()
             return events.count == 3 && events.allSatisfy { $0.outcome == "processed" }
         }
-        #expect(try redis.cli(["EXISTS", "user-sessions:u1", "session:u1:0", "session:u1:1", "session:u1:2"]) == "0")
-        #expect(try redis.cli(["EXISTS", "user-sessions:u2", "session:u2:0"]) == "0")
-        #expect(try redis.cli(["GET", "signin-disabled:u3"]) == "1")
-        #expect(try redis.cli(["EXISTS", "signin-disabled:u2"]) == "0")
+        #expect(try await redis.cli(["EXISTS", "user-sessions:u1", "session:u1:0", "session:u1:1", "session:u1:2"]) == "0")
+        #expect(try await redis.cli(["EXISTS", "user-sessions:u2", "session:u2:0"]) == "0")
+        #expect(try await redis.cli(["GET", "signin-disabled:u3"]) == "1")
+        #expect(try await redis.cli(["EXISTS", "signin-disabled:u2"]) == "0")
         let reader = try SQLiteLedgerReader(path: setup.ledgerPath)
         let first = try #require(try reader.events().first)
         #expect(try reader.steps(ofEvent: first.id).map(\.status) == [.done])
-        #expect(worker.terminate() == 0)
+        #expect(await worker.terminate() == 0)
     }
 
     @Test func aKillBetweenTwoStepsRunsTheSecondOnceAndNotTheFirstAgain() async throws {
-        let redis = try RedisServer()
+        let redis = try await RedisServer()
         let hooks = try await KeyServer.start()
         hooks.serve("/hook", .init(body: "", status: 503))  // down until the test says otherwise
         let setup = try WorkerTests.Setup(extra: """
@@ -66,18 +66,18 @@ struct EngineWorkerTests {
         let jti = "kill-between-steps"
         let first = try WorkerProcess(config: setup.config)
         _ = try await first.httpPort()
-        try WorkerTests.produce(setup.cluster.bootstrapServers, [("u7", try token(.sessionsRevoked, subject: "u7", jti: jti))])
+        try await WorkerTests.produce(setup.cluster.bootstrapServers, [("u7", try token(.sessionsRevoked, subject: "u7", jti: jti))])
         // Step one is done, step two is being retried against the failing webhook.
         try await WorkerTests.waitFor("step one done, step two retried") {
             let reader = try SQLiteLedgerReader(path: setup.ledgerPath)
             guard let event = try reader.events().first else { return false }
             return try reader.steps(ofEvent: event.id).map(\.status) == [.done, .pending] && hooks.requests("/hook") >= 2
         }
-        #expect(try redis.cli(["GET", "step-one:u7"]) == jti)
-        first.kill()
+        #expect(try await redis.cli(["GET", "step-one:u7"]) == jti)
+        await first.kill()
 
         // If step one ran again, this key would come back.
-        _ = try redis.cli(["DEL", "step-one:u7"])
+        _ = try await redis.cli(["DEL", "step-one:u7"])
         hooks.serve("/hook", .init(body: "", status: 200))
         let failingCalls = hooks.requests("/hook")
         let second = try WorkerProcess(config: setup.config)
@@ -86,17 +86,17 @@ struct EngineWorkerTests {
             try SQLiteLedgerReader(path: setup.ledgerPath).events().first?.outcome == "processed"
         }
         #expect(hooks.requests("/hook") == failingCalls + 1)  // step two: once, after the restart
-        #expect(try redis.cli(["EXISTS", "step-one:u7"]) == "0")  // step one: not again
+        #expect(try await redis.cli(["EXISTS", "step-one:u7"]) == "0")  // step one: not again
         let reader = try SQLiteLedgerReader(path: setup.ledgerPath)
         #expect(try reader.events().count == 1)
         #expect(try reader.deliveries().filter { $0.verdict == "duplicate" }.count == 1)  // the redelivery
-        #expect(second.terminate() == 0)
+        #expect(await second.terminate() == 0)
     }
 }
 
 extension EngineWorkerTests {
     @Test func redisDownAndARevokeEndpointFailingForAWhileLoseNothing() async throws {
-        let redis = try RedisServer(persistent: true)
+        let redis = try await RedisServer(persistent: true)
         let revoke = try await KeyServer.start()
         revoke.serve("/revoke", .init(body: "", status: 503, headers: ["Retry-After": "1"]))
         let setup = try WorkerTests.Setup(extra: """
@@ -111,16 +111,16 @@ extension EngineWorkerTests {
                 - revoke-tokens: {store: tokens, target: google-revoke}
             """)
         defer { setup.cleanUp() }
-        _ = try redis.cli(["SADD", "user-sessions:u1", "session:u1:a"])
-        _ = try redis.cli(["SET", "session:u1:a", "x"])
-        _ = try redis.cli(["SADD", "user-sessions:u2", "session:u2:a"])
-        _ = try redis.cli(["SET", "session:u2:a", "x"])
-        _ = try redis.cli(["HSET", "oauth-tokens:u1", "t1", "1//0g-held-one", "t2", "1//0g-held-two"])
-        redis.stop()
+        _ = try await redis.cli(["SADD", "user-sessions:u1", "session:u1:a"])
+        _ = try await redis.cli(["SET", "session:u1:a", "x"])
+        _ = try await redis.cli(["SADD", "user-sessions:u2", "session:u2:a"])
+        _ = try await redis.cli(["SET", "session:u2:a", "x"])
+        _ = try await redis.cli(["HSET", "oauth-tokens:u1", "t1", "1//0g-held-one", "t2", "1//0g-held-two"])
+        await redis.stop()
 
         let worker = try WorkerProcess(config: setup.config)
         let port = try await worker.httpPort()
-        try WorkerTests.produce(setup.cluster.bootstrapServers, [
+        try await WorkerTests.produce(setup.cluster.bootstrapServers, [
             ("u1", try token(.tokensRevoked, subject: "u1")),
             ("u2", try token(.sessionsRevoked, subject: "u2")),
         ])
@@ -131,7 +131,7 @@ extension EngineWorkerTests {
         }
         #expect(try SQLiteLedgerReader(path: setup.ledgerPath).events().allSatisfy { $0.outcome == "pending" })
 
-        try redis.start()
+        try await redis.start()
         try await WorkerTests.waitFor("u2 processed and u1's sessions purged once Redis is back") {
             let reader = try SQLiteLedgerReader(path: setup.ledgerPath)
             let events = try reader.events()
@@ -139,10 +139,10 @@ extension EngineWorkerTests {
                   let u1 = events.first(where: { $0.eventTypes.contains("tokens-revoked") }) else { return false }
             return try reader.steps(ofEvent: u1.id).first?.status == .done
         }
-        #expect(try redis.cli(["EXISTS", "session:u2:a", "session:u1:a"]) == "0")
+        #expect(try await redis.cli(["EXISTS", "session:u2:a", "session:u1:a"]) == "0")
         // u1's tokens wait for the revocation endpoint.
         try await WorkerTests.waitFor("revocation retried") { revoke.requests("/revoke") >= 2 }
-        #expect(try redis.cli(["HLEN", "oauth-tokens:u1"]) == "2")
+        #expect(try await redis.cli(["HLEN", "oauth-tokens:u1"]) == "2")
 
         revoke.serve("/revoke", .init(body: ""))
         try await WorkerTests.waitFor("every event processed") {
@@ -152,27 +152,27 @@ extension EngineWorkerTests {
         let revoked = revoke.recordedRequests("/revoke").filter { _ in true }.map(\.body)
         #expect(revoked.contains { $0.contains("token=1%2F%2F0g-held-one") })
         #expect(revoked.contains { $0.contains("token=1%2F%2F0g-held-two") })
-        #expect(try redis.cli(["EXISTS", "oauth-tokens:u1"]) == "0")
+        #expect(try await redis.cli(["EXISTS", "oauth-tokens:u1"]) == "0")
         let metrics = try await WorkerTests.httpGet(port, "/metrics").1
         #expect(!metrics.contains("warden_dead_letters_total 1"))
         #expect(metrics.contains(#"warden_steps_total{kind="revoke-tokens",result="done"} 1"#))
-        #expect(worker.terminate() == 0)
+        #expect(await worker.terminate() == 0)
     }
 }
 
 extension EngineWorkerTests {
     @Test func twoWorkersShareAPostgreSQLLedger() async throws {
-        let postgres = try PostgresServer()
-        let database = try postgres.createDatabase()
-        let redis = try RedisServer()
+        let postgres = try await PostgresServer()
+        let database = try await postgres.createDatabase()
+        let redis = try await RedisServer()
         let setup = try WorkerTests.Setup(ledger: "postgres://\(postgres.username)@127.0.0.1:\(postgres.port)/\(database)", extra: """
             targets:
               sessions: {redis: "redis://127.0.0.1:\(redis.port)/0"}
             """)
         defer { setup.cleanUp() }
         for i in 0..<40 {
-            _ = try redis.cli(["SADD", "user-sessions:p\(i)", "session:p\(i)"])
-            _ = try redis.cli(["SET", "session:p\(i)", "x"])
+            _ = try await redis.cli(["SADD", "user-sessions:p\(i)", "session:p\(i)"])
+            _ = try await redis.cli(["SET", "session:p\(i)", "x"])
         }
         let first = try WorkerProcess(config: setup.config), second = try WorkerProcess(config: setup.config)
         _ = try await first.httpPort()
@@ -181,24 +181,24 @@ extension EngineWorkerTests {
         var messages: [(key: String, value: String)] = []
         for i in 0..<40 { messages.append(("p\(i)", try token(.sessionsRevoked, subject: "p\(i)", jti: "pg-\(i)"))) }
         messages.append(("p0", try token(.sessionsRevoked, subject: "p0", jti: "pg-0")))  // a duplicate
-        try WorkerTests.produce(setup.cluster.bootstrapServers, messages)
+        try await WorkerTests.produce(setup.cluster.bootstrapServers, messages)
         try await WorkerTests.waitFor("40 events processed in PostgreSQL") {
-            try postgres.psql(database, "SELECT count(*) FROM events WHERE outcome = 'processed'") == "40"
+            try await postgres.psql(database, "SELECT count(*) FROM events WHERE outcome = 'processed'") == "40"
         }
         try await WorkerTests.waitFor("the duplicate recorded") {
-            try postgres.psql(database, "SELECT count(*) FROM deliveries WHERE verdict = 'duplicate'") == "1"
+            try await postgres.psql(database, "SELECT count(*) FROM deliveries WHERE verdict = 'duplicate'") == "1"
         }
-        #expect(try postgres.psql(database, "SELECT count(DISTINCT jti) FROM events") == "40")
-        #expect(try postgres.psql(database, "SELECT count(*) FROM steps WHERE status = 'done'") == "40")
-        #expect(try redis.cli(["DBSIZE"]) == "0")
-        #expect(first.terminate() == 0)
-        #expect(second.terminate() == 0)
+        #expect(try await postgres.psql(database, "SELECT count(DISTINCT jti) FROM events") == "40")
+        #expect(try await postgres.psql(database, "SELECT count(*) FROM steps WHERE status = 'done'") == "40")
+        #expect(try await redis.cli(["DBSIZE"]) == "0")
+        #expect(await first.terminate() == 0)
+        #expect(await second.terminate() == 0)
     }
 }
 
 extension EngineWorkerTests {
     @Test func aStepRefusedForGoodIsDeadLetteredAndTheOthersStillRun() async throws {
-        let redis = try RedisServer()
+        let redis = try await RedisServer()
         let revoke = try await KeyServer.start()
         revoke.serve("/revoke", .init(body: #"{"error":"invalid_client"}"#, status: 401))
         let setup = try WorkerTests.Setup(extra: """
@@ -213,13 +213,13 @@ extension EngineWorkerTests {
                 - purge-set: {target: sessions, set: "user-sessions:{user}"}
             """)
         defer { setup.cleanUp() }
-        _ = try redis.cli(["HSET", "oauth-tokens:u5", "t1", "1//0g-held"])
-        _ = try redis.cli(["SADD", "user-sessions:u5", "session:u5"])
-        _ = try redis.cli(["SET", "session:u5", "x"])
+        _ = try await redis.cli(["HSET", "oauth-tokens:u5", "t1", "1//0g-held"])
+        _ = try await redis.cli(["SADD", "user-sessions:u5", "session:u5"])
+        _ = try await redis.cli(["SET", "session:u5", "x"])
         let worker = try WorkerProcess(config: setup.config)
         let port = try await worker.httpPort()
         let event = try token(.tokensRevoked, subject: "u5", jti: "refused-step")
-        try WorkerTests.produce(setup.cluster.bootstrapServers, [("u5", event)])
+        try await WorkerTests.produce(setup.cluster.bootstrapServers, [("u5", event)])
         try await WorkerTests.waitFor("the event recorded as failed") {
             try SQLiteLedgerReader(path: setup.ledgerPath).events().first?.outcome == "failed"
         }
@@ -227,8 +227,8 @@ extension EngineWorkerTests {
         let steps = try reader.steps(ofEvent: try #require(try reader.events().first).id)
         #expect(steps.map(\.status) == [.failed, .done])
         #expect(steps[0].detail?.contains("check the client credentials") == true)
-        #expect(try redis.cli(["EXISTS", "session:u5"]) == "0")     // the other step still ran
-        #expect(try redis.cli(["HLEN", "oauth-tokens:u5"]) == "1")  // not revoked: not deleted
+        #expect(try await redis.cli(["EXISTS", "session:u5"]) == "0")     // the other step still ran
+        #expect(try await redis.cli(["HLEN", "oauth-tokens:u5"]) == "1")  // not revoked: not deleted
         #expect(revoke.requests("/revoke") == 1)                    // a refusal is not retried
 
         // The dead letter: the original SET, the step and its reason.
@@ -256,7 +256,7 @@ extension EngineWorkerTests {
         #expect(worker.standardError.split(separator: "\n").contains {
             $0.contains(#""level":"critical""#) && $0.contains("step failed permanently")
         })
-        #expect(worker.terminate() == 0)
+        #expect(await worker.terminate() == 0)
     }
 }
 
@@ -274,10 +274,10 @@ extension EngineWorkerTests {
         let worker = try WorkerProcess(config: setup.config)
         _ = try await worker.httpPort()
         let event = try token(.sessionsRevoked, subject: "u9", jti: "twice")
-        try WorkerTests.produce(setup.cluster.bootstrapServers, [("u9", event)])
+        try await WorkerTests.produce(setup.cluster.bootstrapServers, [("u9", event)])
         try await WorkerTests.waitFor("the first delivery retrying") { hooks.requests("/hook") >= 1 }
         // The same event again while the first is still waiting on the webhook.
-        try WorkerTests.produce(setup.cluster.bootstrapServers, [("u9", event)])
+        try await WorkerTests.produce(setup.cluster.bootstrapServers, [("u9", event)])
         try await WorkerTests.waitFor("the redelivery recorded as a duplicate") {
             try SQLiteLedgerReader(path: setup.ledgerPath).deliveries().count == 1
         }
@@ -288,6 +288,6 @@ extension EngineWorkerTests {
         }
         try await Task.sleep(for: .seconds(2))  // room for a second, wrong call to arrive
         #expect(hooks.requests("/hook") == failing + 1)  // notified once, not once per delivery
-        #expect(worker.terminate() == 0)
+        #expect(await worker.terminate() == 0)
     }
 }

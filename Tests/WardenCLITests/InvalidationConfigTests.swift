@@ -122,7 +122,7 @@ struct InvalidationConfigTests {
         #expect(error("subjects: {resolve: lookup}").contains("subjects.resolve: expected identity"))
     }
 
-    @Test func checkConfigPrintsThePlanAndExitsZero() throws {
+    @Test func checkConfigPrintsThePlanAndExitsZero() async throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("warden-check-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: directory) }
@@ -131,14 +131,14 @@ struct InvalidationConfigTests {
             targets:
               sessions: {redis: "redis://127.0.0.1:6379/0"}
             """).write(to: config, atomically: true, encoding: .utf8)
-        let out = try Warden.run(["check-config", "--config", config.path])
+        let out = try await Warden.run(["check-config", "--config", config.path])
         #expect(out.status == 0)
         #expect(out.stdout.contains("risc:sessions-revoked\n    1. purge-set user-sessions:{user} on sessions"))
         #expect(out.stdout.contains("risc:account-disabled\n    1. purge-set user-sessions:{user} on sessions  when reason: hijacking\n    2. set-flag signin-disabled:{user}=1 on sessions  when reason: none"))
         #expect(out.stdout.contains("risc:sessions-revoked: notify app  — needs target \"app\""))
 
         try (Self.issuer + "policy: {sessions-revoked: [{notify: {target: app}}]}").write(to: config, atomically: true, encoding: .utf8)
-        let bad = try Warden.run(["check-config", "--config", config.path])
+        let bad = try await Warden.run(["check-config", "--config", config.path])
         #expect(bad.status == 2)
         #expect(bad.stderr.contains("policy.sessions-revoked[0].notify.target: no target named \"app\""))
     }

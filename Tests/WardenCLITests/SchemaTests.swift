@@ -1,6 +1,7 @@
 import Foundation
 import SecurityEvents
 import Testing
+import WardenTestSupport
 
 /// The JSON Schemas in schemas/: generated event schemas match the catalog, and examples (the
 /// protocol documents' own, plus `warden verify`'s real output) validate — or fail — as they should.
@@ -32,7 +33,7 @@ struct SchemaTests {
         var valid: Bool
     }
 
-    func validate(_ cases: [Case]) throws -> (status: Int32, output: String) {
+    func validate(_ cases: [Case]) async throws -> (status: Int32, output: String) {
         var list: [JSONValue] = []
         for c in cases {
             list.append(.object(["schema": .string(c.schema), "instance": try JSONParser.parse(c.instance), "valid": .bool(c.valid)]))
@@ -41,23 +42,15 @@ struct SchemaTests {
         defer { try? FileManager.default.removeItem(at: dir) }
         let file = dir.appendingPathComponent("cases.json")
         try JSONValue.array(list).jsonText.write(to: file, atomically: true, encoding: .utf8)
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
-        process.arguments = [schemas.appendingPathComponent("validate.py").path, file.path]
-        let pipe = Pipe()
-        process.standardOutput = pipe
-        process.standardError = pipe
-        try process.run()
-        let output = String(decoding: pipe.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        process.waitUntilExit()
-        return (process.terminationStatus, output)
+        let result = try await runToEnd(URL(fileURLWithPath: "/usr/bin/python3"), [schemas.appendingPathComponent("validate.py").path, file.path])
+        return (result.status, result.stdout + result.stderr)
     }
 
     static let envelope = "https://schemas.warden.invalid/set-envelope.schema.json"
     static let subject = "https://schemas.warden.invalid/subject-identifier.schema.json"
     static func event(_ path: String) -> String { "https://schemas.warden.invalid/events/\(path).schema.json" }
 
-    @Test func protocolExamplesValidate() throws {
+    @Test func protocolExamplesValidate() async throws {
         let cases: [Case] = [
             // SPEC §1.2, §3.1, §3.2 examples.
             Case(schema: Self.envelope, instance: #"{"iss":"https://accounts.google.com/","aud":"1234-abc.apps.googleusercontent.com","iat":1700000000,"jti":"e3b0c44298fc1c14","events":{"https://schemas.openid.net/secevent/risc/event-type/account-disabled":{"subject":{"subject_type":"iss-sub","iss":"https://accounts.google.com/","sub":"10987654321"},"reason":"hijacking"}}}"#, valid: true),
@@ -86,23 +79,23 @@ struct SchemaTests {
             Case(schema: Self.event("ssf/stream-updated"), instance: #"{"reason":"maintenance"}"#, valid: false),
             Case(schema: Self.event("caep/session-revoked"), instance: #"{"reason_admin":{"en":7}}"#, valid: false),
         ]
-        let result = try validate(cases)
+        let result = try await validate(cases)
         #expect(result.status == 0, "\(result.output)")
         #expect(result.output.contains("\(cases.count) passed, 0 failed"))
     }
 
-    @Test func verifyOutputMatchesItsSchema() throws {
+    @Test func verifyOutputMatchesItsSchema() async throws {
         let config = Warden.packageRoot.appendingPathComponent("examples/warden.yaml").path
         var cases: [Case] = []
         for (name, valid) in [("sessions-revoked", true), ("token-revoked", true), ("verification", true), ("forged", false)] {
             let token = try String(contentsOf: Warden.packageRoot.appendingPathComponent("examples/tokens/\(name).jwt"), encoding: .utf8)
-            let out = try Warden.run(["verify", "--config", config, "-"], stdin: token)
+            let out = try await Warden.run(["verify", "--config", config, "-"], stdin: token)
             #expect((out.status == 0) == valid)
             cases.append(Case(schema: "https://schemas.warden.invalid/verify-output.schema.json", instance: out.stdout, valid: true))
         }
         // And the schema is not vacuous: a made-up output fails it.
         cases.append(Case(schema: "https://schemas.warden.invalid/verify-output.schema.json", instance: #"{"valid":false,"err":"teapot","description":"x"}"#, valid: false))
-        let result = try validate(cases)
+        let result = try await validate(cases)
         #expect(result.status == 0, "\(result.output)")
     }
 }

@@ -43,7 +43,7 @@ struct VerifyCommandTests {
     @Test func validTokenExitsZeroWithTheContractJSON() async throws {
         try await withServer { _, issuer, config in
             let t = try token(issuer: issuer, event: .accountDisabled, extra: ["reason": "hijacking"])
-            let out = try Warden.run(["verify", "--config", config.path, t])
+            let out = try await Warden.run(["verify", "--config", config.path, t])
             #expect(out.status == 0, "\(out.stderr)")
             let json = try #require(out.json)
             #expect(json["valid"] as? Bool == true)
@@ -63,9 +63,9 @@ struct VerifyCommandTests {
 
     @Test func readsStdinAndTrimsWhitespace() async throws {
         try await withServer { _, issuer, config in
-            let out = try Warden.run(["verify", "--config", config.path, "-"], stdin: "\n  " + (try token(issuer: issuer)) + " \n\n")
+            let out = try await Warden.run(["verify", "--config", config.path, "-"], stdin: "\n  " + (try token(issuer: issuer)) + " \n\n")
             #expect(out.status == 0, "\(out.stdout) \(out.stderr)")
-            let implicit = try Warden.run(["verify", "--config", config.path], stdin: try token(issuer: issuer) + "\n")
+            let implicit = try await Warden.run(["verify", "--config", config.path], stdin: try token(issuer: issuer) + "\n")
             #expect(implicit.status == 0)
         }
     }
@@ -74,18 +74,18 @@ struct VerifyCommandTests {
         try await withServer { _, issuer, config in
             var claims = SETMinter.riscClaims(issuer: issuer, audience: "someone-else")
             let wrongAudience = try SETMinter.token(claims: claims, key: Self.key)
-            let out = try Warden.run(["verify", "--config", config.path, wrongAudience])
+            let out = try await Warden.run(["verify", "--config", config.path, wrongAudience])
             #expect(out.status == 1)
             #expect(out.json?["valid"] as? Bool == false)
             #expect(out.json?["err"] as? String == "invalid_audience")
             #expect((out.json?["description"] as? String)?.isEmpty == false)
 
             claims = SETMinter.riscClaims(issuer: "https://other.example/", audience: audience)
-            let wrongIssuer = try Warden.run(["verify", "--config", config.path, try SETMinter.token(claims: claims, key: Self.key)])
+            let wrongIssuer = try await Warden.run(["verify", "--config", config.path, try SETMinter.token(claims: claims, key: Self.key)])
             #expect(wrongIssuer.status == 1)
             #expect(wrongIssuer.json?["err"] as? String == "invalid_issuer")
 
-            let garbage = try Warden.run(["verify", "--config", config.path, "not-a-token"])
+            let garbage = try await Warden.run(["verify", "--config", config.path, "not-a-token"])
             #expect(garbage.status == 1)
             #expect(garbage.json?["err"] as? String == "invalid_request")
         }
@@ -95,20 +95,20 @@ struct VerifyCommandTests {
         try await withServer { server, issuer, config in
             let t = try token(issuer: issuer)
             await server.stop()
-            let out = try Warden.run(["verify", "--config", config.path, t])
+            let out = try await Warden.run(["verify", "--config", config.path, t])
             #expect(out.status == 3, "\(out.stdout)")
             #expect(out.json?["valid"] as? Bool == false)
             #expect(out.json?["retryable"] as? Bool == true)
         }
     }
 
-    @Test func usageAndConfigErrorsExitTwo() throws {
+    @Test func usageAndConfigErrorsExitTwo() async throws {
         let dir = try Warden.temporaryDirectory()
         defer { try? FileManager.default.removeItem(at: dir) }
-        #expect(try Warden.run(["verify"]).status == 2)                    // missing --config
-        #expect(try Warden.run(["verify", "--bogus", "x"]).status == 2)   // unknown option
-        #expect(try Warden.run(["frobnicate"]).status == 2)               // unknown command
-        #expect(try Warden.run(["verify", "--config", "/nonexistent.yaml", "x"]).status == 2)
+        #expect(try await Warden.run(["verify"]).status == 2)                    // missing --config
+        #expect(try await Warden.run(["verify", "--bogus", "x"]).status == 2)   // unknown option
+        #expect(try await Warden.run(["frobnicate"]).status == 2)               // unknown command
+        #expect(try await Warden.run(["verify", "--config", "/nonexistent.yaml", "x"]).status == 2)
 
         let cases: [(String, String)] = [
             ("issuers:\n  - issuer: https://i.example/\n    jwks-uri: http://keys.example.com/jwks\n    audiences: [a]\n", "https"),
@@ -123,7 +123,7 @@ struct VerifyCommandTests {
         for (yaml, expected) in cases {
             let config = dir.appendingPathComponent("c.yaml")
             try yaml.write(to: config, atomically: true, encoding: .utf8)
-            let out = try Warden.run(["verify", "--config", config.path, "x"])
+            let out = try await Warden.run(["verify", "--config", config.path, "x"])
             #expect(out.status == 2, "\(yaml)")
             #expect(out.stderr.contains(expected), "\(yaml): \(out.stderr)")
         }
@@ -132,39 +132,39 @@ struct VerifyCommandTests {
     @Test func environmentOverridesConfiguration() async throws {
         try await withServer { _, issuer, config in
             let t = try token(issuer: issuer)
-            let overridden = try Warden.run(["verify", "--config", config.path, t],
+            let overridden = try await Warden.run(["verify", "--config", config.path, t],
                                             environment: ["WARDEN_ISSUERS_0_AUDIENCES": "another-client,yet-another"])
             #expect(overridden.status == 1)
             #expect(overridden.json?["err"] as? String == "invalid_audience")
-            let both = try Warden.run(["verify", "--config", config.path, t],
+            let both = try await Warden.run(["verify", "--config", config.path, t],
                                       environment: ["WARDEN_ISSUERS_0_AUDIENCES": "another-client,\(audience)"])
             #expect(both.status == 0)
         }
     }
 
-    @Test func bundledExampleVerifiesAndForgeryFails() throws {
+    @Test func bundledExampleVerifiesAndForgeryFails() async throws {
         let config = Warden.packageRoot.appendingPathComponent("examples/warden.yaml").path
         for name in ["sessions-revoked", "account-disabled-hijacking", "token-revoked", "verification"] {
             let token = Warden.packageRoot.appendingPathComponent("examples/tokens/\(name).jwt")
             let text = try String(contentsOf: token, encoding: .utf8)
-            let out = try Warden.run(["verify", "--config", config, "-"], stdin: text)
+            let out = try await Warden.run(["verify", "--config", config, "-"], stdin: text)
             #expect(out.status == 0, "\(name): \(out.stdout)")
             #expect(out.json?["valid"] as? Bool == true)
         }
         // A file name works as well as the token itself (make run does this).
-        let byPath = try Warden.run(["verify", "--config", config,
+        let byPath = try await Warden.run(["verify", "--config", config,
                                      Warden.packageRoot.appendingPathComponent("examples/tokens/sessions-revoked.jwt").path])
         #expect(byPath.status == 0, "\(byPath.stdout)")
         let forged = try String(contentsOf: Warden.packageRoot.appendingPathComponent("examples/tokens/forged.jwt"), encoding: .utf8)
-        let out = try Warden.run(["verify", "--config", config, "-"], stdin: forged)
+        let out = try await Warden.run(["verify", "--config", config, "-"], stdin: forged)
         #expect(out.status == 1)
         #expect(out.json?["err"] as? String == "invalid_key")
     }
 
-    @Test func tokenIdentifiersAreNotPrintedWhole() throws {
+    @Test func tokenIdentifiersAreNotPrintedWhole() async throws {
         let config = Warden.packageRoot.appendingPathComponent("examples/warden.yaml").path
         let text = try String(contentsOf: Warden.packageRoot.appendingPathComponent("examples/tokens/token-revoked.jwt"), encoding: .utf8)
-        let out = try Warden.run(["verify", "--config", config, "-"], stdin: text)
+        let out = try await Warden.run(["verify", "--config", config, "-"], stdin: text)
         #expect(out.status == 0)
         // The double-SHA-512 of the example refresh token (see examples/make-examples.py).
         #expect(!out.stdout.contains("F/qXPzPxP4YI6TeuieUMmRGARX5fo+IkCZgQIhYbaAQodU5JH80/mvVO5x4JEH8bN2UxGxxMSv0tBQgvR38wmw=="))

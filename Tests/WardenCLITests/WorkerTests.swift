@@ -73,7 +73,7 @@ struct WorkerTests {
     }
 
     /// Produces `(key, value)` pairs with python3-confluent-kafka.
-    static func produce(_ brokers: String, _ messages: [(key: String, value: String)], topic: String = "security-events") throws {
+    static func produce(_ brokers: String, _ messages: [(key: String, value: String)], topic: String = "security-events") async throws {
         let script = """
         import sys
         from confluent_kafka import Producer
@@ -93,16 +93,9 @@ struct WorkerTests {
         p.flush(30)
         sys.exit(1 if failed else 0)
         """
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
-        process.arguments = ["-c", script, brokers, topic]
-        let input = Pipe()
-        process.standardInput = input
-        try process.run()
-        input.fileHandleForWriting.write(Data(messages.map { "\($0.key)\t\($0.value)\n" }.joined().utf8))
-        try input.fileHandleForWriting.close()
-        process.waitUntilExit()
-        #expect(process.terminationStatus == 0, "the confluent-kafka producer failed")
+        let result = try await runToEnd(URL(fileURLWithPath: "/usr/bin/python3"), ["-c", script, brokers, topic],
+                                        stdin: messages.map { "\($0.key)\t\($0.value)\n" }.joined())
+        #expect(result.status == 0, "the confluent-kafka producer failed: \(result.stderr.suffix(2000))")
     }
 
     /// Waits (polling the ledger file) until `condition` holds, up to `timeout` seconds.
@@ -140,7 +133,7 @@ struct WorkerTests {
         messages.append(messages[3])  // the same SET delivered twice
         let forged = try Self.token(subject: "user-1", key: Self.impostor)
         messages.append(("user-1", forged))
-        try Self.produce(setup.cluster.bootstrapServers, messages)
+        try await Self.produce(setup.cluster.bootstrapServers, messages)
 
         try await Self.waitFor("30 events and 2 more deliveries in the ledger") {
             let reader = try SQLiteLedgerReader(path: setup.ledgerPath)
@@ -188,7 +181,7 @@ struct WorkerTests {
         #expect(metrics.contains("warden_dead_letters_total 1"))
         #expect(metrics.contains("warden_verify_seconds_bucket"))
 
-        #expect(worker.terminate() == 0)
+        #expect(await worker.terminate() == 0)
         // Tokens never appear whole in the logs.
         #expect(!worker.standardError.contains(forged))
         #expect(!worker.standardError.contains(messages[0].value))
@@ -199,9 +192,9 @@ struct WorkerTests {
         _ = try await restarted.httpPort()
         var fresh: [(key: String, value: String)] = []
         for i in 0..<8 { fresh.append(("later-\(i)", try Self.token(subject: "later-\(i)"))) }
-        try Self.produce(setup.cluster.bootstrapServers, fresh)
+        try await Self.produce(setup.cluster.bootstrapServers, fresh)
         try await Self.waitFor("the new events") { try SQLiteLedgerReader(path: setup.ledgerPath).events().count == 38 }
-        #expect(restarted.terminate() == 0)
+        #expect(await restarted.terminate() == 0)
         #expect(try SQLiteLedgerReader(path: setup.ledgerPath).deliveries().count == 2)
     }
 
@@ -216,7 +209,7 @@ struct WorkerTests {
         let worker = try WorkerProcess(config: setup.config)
         let port = try await worker.httpPort()
         let token = try Self.token(subject: "user-9")
-        try Self.produce(setup.cluster.bootstrapServers, [("user-9", token)])
+        try await Self.produce(setup.cluster.bootstrapServers, [("user-9", token)])
 
         try await Self.waitFor("retries while keys are unavailable") {
             let metrics = try await Self.httpGet(port, "/metrics").1
@@ -224,18 +217,18 @@ struct WorkerTests {
         }
         #expect(try await Self.httpGet(port, "/readyz").0 == 503)
         #expect(try SQLiteLedgerReader(path: setup.ledgerPath).deliveries().isEmpty)
-        #expect(worker.terminate() == 0)
+        #expect(await worker.terminate() == 0)
 
         server.serve("/certs", json: SETMinter.jwks([Self.rsa, Self.ec]))
         let restarted = try WorkerProcess(config: setup.config)
         _ = try await restarted.httpPort()
         try await Self.waitFor("the event, once keys are back") { try SQLiteLedgerReader(path: setup.ledgerPath).eventCount() == 1 }
-        #expect(restarted.terminate() == 0)
+        #expect(await restarted.terminate() == 0)
         #expect(try SQLiteLedgerReader(path: setup.ledgerPath).deliveries().isEmpty)
         await server.stop()
     }
 
-    @Test func configurationErrorsNameTheKeyAndExitTwo() throws {
+    @Test func configurationErrorsNameTheKeyAndExitTwo() async throws {
         let directory = try Warden.temporaryDirectory()
         defer { try? FileManager.default.removeItem(at: directory) }
         let cases: [(String, String)] = [
@@ -255,7 +248,7 @@ struct WorkerTests {
             \(extra)
             """.write(to: config, atomically: true, encoding: .utf8)
             try SETMinter.jwks([Self.rsa]).write(to: directory.appendingPathComponent("jwks.json"), atomically: true, encoding: .utf8)
-            let out = try Warden.run(["run", "--config", config.path])
+            let out = try await Warden.run(["run", "--config", config.path])
             #expect(out.status == 2, "\(key): \(out.stderr)")
             #expect(out.stderr.contains(key), "\(out.stderr)")
         }
@@ -277,17 +270,17 @@ struct WorkerTests {
         _ = try await a.httpPort()
         _ = try await b.httpPort()
 
-        try Self.produce(setup.cluster.bootstrapServers, Array(tokens[0..<400]))
+        try await Self.produce(setup.cluster.bootstrapServers, Array(tokens[0..<400]))
         try await Self.waitFor("some events") { try SQLiteLedgerReader(path: setup.ledgerPath).events().count >= 100 }
-        a.kill()
-        try Self.produce(setup.cluster.bootstrapServers, Array(tokens[400..<800]))
+        await a.kill()
+        try await Self.produce(setup.cluster.bootstrapServers, Array(tokens[400..<800]))
         a = try WorkerProcess(config: setup.config)
         _ = try await a.httpPort()
-        try Self.produce(setup.cluster.bootstrapServers, Array(tokens[800...]))
+        try await Self.produce(setup.cluster.bootstrapServers, Array(tokens[800...]))
 
         try await Self.waitFor("every event", timeout: 240) { try SQLiteLedgerReader(path: setup.ledgerPath).events().count >= total }
-        #expect(a.terminate() == 0)
-        #expect(b.terminate() == 0)
+        #expect(await a.terminate() == 0)
+        #expect(await b.terminate() == 0)
         let events = try SQLiteLedgerReader(path: setup.ledgerPath).events()
         #expect(events.count == total)
         #expect(Set(events.map(\.jti)) == Set(jtis))
@@ -345,14 +338,21 @@ final class WorkerProcess: Sendable {
     }
 
     /// SIGTERM, then the exit status.
-    func terminate() -> Int32 {
+    func terminate() async -> Int32 {
         process.terminate()
-        process.waitUntilExit()
-        return process.terminationStatus
+        return await exitStatus()
     }
 
-    func kill() {
+    func kill() async {
         Foundation.kill(process.processIdentifier, SIGKILL)
-        process.waitUntilExit()
+        _ = await exitStatus()
+    }
+
+    private func exitStatus() async -> Int32 {
+        let process = process
+        return (try? await onOwnThread {
+            process.waitUntilExit()
+            return process.terminationStatus
+        }) ?? -1
     }
 }
