@@ -80,6 +80,8 @@ public struct Planner: Sendable {
                 plan.unknownTypes.append(event.type)
                 continue
             }
+            // The placeholder values are gathered only for an event with rules to fill.
+            guard !rules.isEmpty else { continue }
             let values = Self.values(for: event, in: token, resolution: resolution)
             for rule in rules where rule.when?.matches(event, in: token) ?? true {
                 let type = Policy.key(for: event.type)

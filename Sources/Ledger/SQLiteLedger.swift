@@ -124,15 +124,29 @@ public final class SQLiteLedger: Ledger {
     }
 
     private static func claim(_ event: LedgerEvent, outcome: EventOutcome, steps: [OutboxStep], in db: Database) throws -> Claim {
-        try db.cachedStatement(sql: """
+        let insert = try db.cachedStatement(sql: """
             INSERT INTO events (issuer, jti, token, source, event_types, subject, key_id, algorithm,
                                 key_thumbprint, issued_at, received_at, outcome, steps, updated_at)
             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
             ON CONFLICT (issuer, jti) DO NOTHING
-            """).execute(arguments: [event.issuer, event.jti, event.token, event.source, jsonArray(event.eventTypes),
-                                     event.subject, event.keyID, event.algorithm, event.keyThumbprint, event.issuedAt,
-                                     event.receivedAt, outcome.rawValue, jsonArray(steps.map(\.kind)), event.receivedAt])
-        if db.changesCount == 1 {
+            """)
+        let inserted = try SQLiteBinder.execute(insert, in: db) {
+            $0.text(event.issuer)
+            $0.text(event.jti)
+            $0.text(event.token)
+            $0.text(event.source)
+            $0.text(jsonArray(event.eventTypes))
+            $0.text(event.subject)
+            $0.text(event.keyID)
+            $0.text(event.algorithm)
+            $0.text(event.keyThumbprint)
+            $0.double(event.issuedAt)
+            $0.double(event.receivedAt)
+            $0.text(outcome.rawValue)
+            $0.text(jsonArray(steps.map(\.kind)))
+            $0.double(event.receivedAt)
+        }
+        if inserted == 1 {
             let id = db.lastInsertedRowID
             for step in steps {
                 try db.cachedStatement(sql: """
