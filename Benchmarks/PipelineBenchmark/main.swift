@@ -189,6 +189,7 @@ worker.environment = environment
 worker.standardOutput = FileHandle.nullDevice
 // BENCH_WORKER_STDERR=1 shows the worker's log.
 if ProcessInfo.processInfo.environment["BENCH_WORKER_STDERR"] == nil { worker.standardError = FileHandle.nullDevice }
+let clusterCPUBefore = cpuSeconds("self") ?? 0
 try worker.run()
 let ledgerPath = directory.appendingPathComponent("ledger.sqlite").path
 var firstSeen: (Date, Int)? = nil
@@ -203,15 +204,18 @@ while Date() < deadline {
     last = (Date(), n)
     if n >= count { break }
 }
-// The worker's CPU time (user + system, all threads) so far, from /proc: per event, it is the
-// figure that does not drift with the machine's speed of the moment.
-let workerCPU: Double? = {
-    guard let stat = try? String(contentsOfFile: "/proc/\(worker.processIdentifier)/stat", encoding: .utf8),
+// CPU time (user + system, all threads) of a process so far, from /proc.
+func cpuSeconds(_ pid: String) -> Double? {
+    guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
           let close = stat.lastIndex(of: ")") else { return nil }
     let fields = stat[stat.index(after: close)...].split(separator: " ")
     guard fields.count > 13, let user = Double(fields[11]), let system = Double(fields[12]) else { return nil }
     return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
-}()
+}
+// The worker's CPU per event is the figure that does not drift with the machine's speed of the
+// moment. This process meanwhile serves the worker's fetches (the mock cluster) on the same cores.
+let workerCPU = cpuSeconds("\(worker.processIdentifier)")
+let clusterCPU = cpuSeconds("self").map { $0 - clusterCPUBefore }
 worker.terminate()
 worker.waitUntilExit()
 guard let (t0, n0) = firstSeen, last.1 >= count else { fatalError("the worker recorded \(last.1) of \(count) events") }
@@ -224,6 +228,9 @@ if let redis {
 }
 if let workerCPU {
     print("worker CPU time per event (whole run, start-up included): \(Int(workerCPU / Double(count) * 1e6)) µs; verification alone: \(Int(1e6 / verifyRate)) µs")
+}
+if let clusterCPU {
+    print("mock cluster serving the worker (this process, same cores): \(Int(clusterCPU / Double(count) * 1e6)) µs of CPU per event")
 }
 print("verification alone, one core: \(Int(verifyRate)) SETs/s")
 print("twice that (two cores of verification alone): \(Int(2 * verifyRate)) /s; end to end is \(String(format: "%.2f", rate / (2 * verifyRate))) of it")

@@ -312,7 +312,7 @@ public struct EventProcessor: Sendable {
 
         /// One subject's events run in order: keyed by the local user, else the provider subject.
         public var subjectKey: String {
-            context.user.map { "user:" + $0 } ?? context.token.primarySubject.map { "subject:" + $0.json.jsonText }
+            context.user.map { "user:" + $0 } ?? context.token.primarySubject.map { "subject:" + $0.jsonText }
                 ?? "event:" + context.token.jti
         }
     }
@@ -482,7 +482,7 @@ public struct EventProcessor: Sendable {
         return LedgerEvent(
             issuer: token.issuer, jti: token.jti, token: String(decoding: trimmedASCIIWhitespace(message.value), as: UTF8.self),
             source: message.source, eventTypes: token.events.map(\.type.uri),
-            subject: token.primarySubject.map { $0.json.jsonText }, keyID: verified.header.keyID,
+            subject: token.primarySubject.map { $0.jsonText }, keyID: verified.header.keyID,
             algorithm: verified.header.algorithm.rawValue, keyThumbprint: verified.keyThumbprint,
             issuedAt: token.issuedAt, receivedAt: message.receivedAt)
     }

@@ -460,6 +460,7 @@ extension JSONValue {
     /// Compact JSON text. Integral numbers within ±2^53 are written without a fraction.
     public var jsonText: String {
         var out = ""
+        out.reserveCapacity(64)
         write(to: &out)
         return out
     }

@@ -78,6 +78,33 @@ public enum SubjectIdentifier: Sendable, Hashable {
         }
     }
 
+    /// The standard JSON form as compact text: the same text as `json.jsonText`, written
+    /// directly for the single-member formats (the intake writes one for every event).
+    public var jsonText: String {
+        var out = ""
+        out.reserveCapacity(128)
+        func simple(_ members: KeyValuePairs<String, String>) {
+            out += "{\"format\":"
+            JSONValue.writeString(format, to: &out)
+            for (name, value) in members {
+                out += ",\""
+                out += name
+                out += "\":"
+                JSONValue.writeString(value, to: &out)
+            }
+            out += "}"
+        }
+        switch self {
+        case .issSub(let iss, let sub): simple(["iss": iss, "sub": sub])
+        case .email(let e): simple(["email": e])
+        case .phoneNumber(let p): simple(["phone_number": p])
+        case .opaque(let id): simple(["id": id])
+        case .account(let uri), .uri(let uri): simple(["uri": uri])
+        default: json.write(to: &out)
+        }
+        return out
+    }
+
     /// The standard JSON form.
     public var json: JSONValue {
         var o = JSONObject()

@@ -22,6 +22,25 @@ struct SubjectIdentifierTests {
                 == .aliases([.email("a@x"), .opaque("7")]))
     }
 
+    @Test func jsonTextIsTheNormalisedJSONForEveryFormat() throws {
+        let texts = [
+            #"{"format":"email","email":"a@example.com"}"#, #"{"format":"phone_number","phone_number":"+12065550100"}"#,
+            #"{"subject_type":"iss-sub","iss":"https://accounts.google.com/","sub":"10987654321"}"#,
+            #"{"format":"opaque","id":"quote\" backslash\\ tab\t"}"#, #"{"format":"account","uri":"acct:a@example.com"}"#,
+            #"{"format":"did","url":"did:example:123"}"#, #"{"format":"uri","uri":"https://example.com/u/1"}"#,
+            #"{"format":"jwt_id","iss":"https://i","jti":"j"}"#,
+            #"{"format":"aliases","identifiers":[{"format":"email","email":"a@x"},{"format":"opaque","id":"7"}]}"#,
+            #"{"format":"complex","session":{"format":"opaque","id":"s1"},"user":{"format":"iss_sub","iss":"https://i","sub":"u"}}"#,
+            #"{"subject_type":"oauth_token","token_type":"refresh_token","token_identifier_alg":"prefix","token":"1//0gAbCdEfGhIjK"}"#,
+        ]
+        for text in texts {
+            let subject = try parse(text)
+            #expect(subject.jsonText == subject.json.jsonText, "\(text)")
+        }
+        #expect(try parse(texts[2]).jsonText == #"{"format":"iss_sub","iss":"https://accounts.google.com/","sub":"10987654321"}"#)
+        #expect(try parse(texts[3]).jsonText == #"{"format":"opaque","id":"quote\" backslash\\ tab\t"}"#)
+    }
+
     @Test func googleLegacySpellings() throws {
         let issSub = try parse(#"{"subject_type":"iss-sub","iss":"https://accounts.google.com/","sub":"10987654321"}"#)
         #expect(issSub == .issSub(iss: "https://accounts.google.com/", sub: "10987654321"))
