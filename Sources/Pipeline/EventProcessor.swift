@@ -133,18 +133,33 @@ public struct EventProcessor: Sendable {
     }
 
     enum Verdict: Sendable {
-        case valid(VerifiedSET, user: String?, plan: Plan)
+        case valid(ValidEvent)
         case invalid(code: String, description: String)
+    }
+
+    /// A verified event with its local user and plan. A class: verdicts move through several
+    /// arrays on their way to the ledger, and copying a `VerifiedSET` retains each of its many
+    /// strings and arrays (visible in the intake's profile); a reference is one retain.
+    final class ValidEvent: Sendable {
+        let verified: VerifiedSET
+        let user: String?
+        let plan: Plan
+
+        init(_ verified: VerifiedSET, user: String?, plan: Plan) {
+            self.verified = verified
+            self.user = user
+            self.plan = plan
+        }
     }
 
     /// Verifies the batch and dead-letters its invalid messages. While an issuer's keys are
     /// unavailable the batch waits, retrying; if the process stops first, the batch is cut
     /// before the first message without a verdict, and the rest is left for redelivery.
     public func prepare(_ batch: [IntakeMessage]) async -> Prepared {
-        var results = await verifyAll(batch)
+        var results: [Result<VerifiedSET, VerificationError>?] = await verifyAll(batch)
         var attempt = 0
-        while let waiting = results.firstIndex(where: { if case .failure(let e) = $0 { e.isRetryable } else { false } }) {
-            guard case .failure(let error) = results[waiting] else { break }
+        while let waiting = results.firstIndex(where: { if case .failure(let e)? = $0 { e.isRetryable } else { false } }) {
+            guard case .failure(let error)? = results[waiting] else { break }
             metrics.retried("keys_unavailable")
             logger.warning("issuer keys unavailable; will retry", metadata: [
                 "warden.source": "\(batch[waiting].source)", "warden.reason": "\(error.description)", "warden.attempt": "\(attempt)",
@@ -155,13 +170,15 @@ public struct EventProcessor: Sendable {
             }
             attempt += 1
             for i in waiting..<results.count {
-                if case .failure(let e) = results[i], e.isRetryable { results[i] = await verify(batch[i]) }
+                if case .failure(let e)? = results[i], e.isRetryable { results[i] = await verify(batch[i]) }
             }
         }
 
         var verdicts: [Verdict] = []
         verdicts.reserveCapacity(results.count)
-        resolving: for (i, result) in results.enumerated() {
+        resolving: for i in results.indices {
+            // Taken out of the array, not copied (see ValidEvent).
+            guard let result = results[i].take() else { break }
             switch result {
             case .success(let verified):
                 // The subject's local user: a lookup that cannot be made now makes the batch
@@ -171,7 +188,8 @@ public struct EventProcessor: Sendable {
                     switch await engine.resolver.resolve(verified.token) {
                     case .resolved(let resolution):
                         let user: String? = if case .user(let u) = resolution { u } else { nil }
-                        verdicts.append(.valid(verified, user: user, plan: engine.planner.plan(verified.token, subject: resolution)))
+                        let plan = engine.planner.plan(verified.token, subject: resolution)
+                        verdicts.append(.valid(ValidEvent(verified, user: user, plan: plan)))
                         continue resolving
                     case .retry(let reason):
                         metrics.retried("subject_lookup")
@@ -215,11 +233,12 @@ public struct EventProcessor: Sendable {
         for (i, verdict) in verdicts.enumerated() {
             let message = batch[i]
             switch verdict {
-            case .valid(let verified, _, let plan):
+            case .valid(let event):
+                let plan = event.plan
                 // The event is claimed together with its outbox: the planned steps, all pending.
                 let steps = plan.steps.map { OutboxStep(index: $0.index, kind: $0.action.kind, action: Self.encode($0)) }
                 let outcome: EventOutcome = !steps.isEmpty ? .pending : plan.isUnresolved ? .unresolved : .processed
-                entries.append(.event(ledgerEvent(verified, message), outcome: outcome, steps: steps))
+                entries.append(.event(ledgerEvent(event.verified, message), outcome: outcome, steps: steps))
             case .invalid(let code, let description):
                 metrics.deadLettered()
                 entries.append(.rejection(Rejection(token: message.value, source: message.source, code: code,
@@ -242,39 +261,39 @@ public struct EventProcessor: Sendable {
             return Recorded(dispositions: dispositions, work: [])
         }
         var work: [Work] = []
-        for (i, verdict) in prepared.verdicts.enumerated() {
+        for i in prepared.verdicts.indices {
             let message = batch[i]
-            switch (verdict, claims[i]) {
-            case (.valid(let verified, let user, let plan), .new(let id)?):
-                if !plan.unknownTypes.isEmpty {
-                    metrics.counter("warden_unknown_event_types_total").increment(by: plan.unknownTypes.count)
+            switch (prepared.verdicts[i], claims[i]) {
+            case (.valid(let event), .new(let id)?):
+                if !event.plan.unknownTypes.isEmpty {
+                    metrics.counter("warden_unknown_event_types_total").increment(by: event.plan.unknownTypes.count)
                     logger.notice("event type without a policy entry: recorded, no steps", metadata: [
-                        "warden.types": "\(plan.unknownTypes.map(\.uri).joined(separator: ","))", "warden.event_id": "\(id)",
+                        "warden.types": "\(event.plan.unknownTypes.map(\.uri).joined(separator: ","))", "warden.event_id": "\(id)",
                     ])
                 }
-                if plan.isUnresolved {
-                    logger.notice("subject resolved to no local user; steps that need one were not planned", metadata: metadata(verified.token, message, eventID: id))
+                if event.plan.isUnresolved {
+                    logger.notice("subject resolved to no local user; steps that need one were not planned", metadata: metadata(event.verified.token, message, eventID: id))
                 }
                 guard case .event(_, _, let steps) = prepared.entries[i] else { preconditionFailure("entries follow verdicts") }
-                let outcome: EventOutcome = plan.isUnresolved ? .unresolved : .processed
+                let outcome: EventOutcome = event.plan.isUnresolved ? .unresolved : .processed
                 if steps.isEmpty {
                     metrics.outcome(outcome.rawValue)
-                    logger.info("event recorded", metadata: metadata(verified.token, message, eventID: id))
+                    logger.info("event recorded", metadata: metadata(event.verified.token, message, eventID: id))
                     dispositions[i] = .recorded(eventID: id, outcome: outcome)
                 } else {
                     dispositions[i] = nil
-                    work.append(Work(position: i, eventID: id, isNew: true, steps: steps, planned: plan.steps, outcomeIfDone: outcome,
-                                     context: StepContext(token: verified.token, user: user), message: message))
+                    work.append(Work(position: i, eventID: id, isNew: true, steps: steps, planned: event.plan.steps, outcomeIfDone: outcome,
+                                     context: StepContext(token: event.verified.token, user: event.user), message: message))
                 }
-            case (.valid(let verified, let user, let plan), .duplicate(let id)?):
+            case (.valid(let event), .duplicate(let id)?):
                 metrics.outcome("duplicate")
-                logger.info("duplicate event", metadata: metadata(verified.token, message, eventID: id))
+                logger.info("duplicate event", metadata: metadata(event.verified.token, message, eventID: id))
                 // A crash may have left this event's steps part-done: what is still pending runs
                 // when its turn in the subject's lane comes (read from the outbox then).
                 dispositions[i] = nil
                 work.append(Work(position: i, eventID: id, isNew: false, steps: [],
-                                 outcomeIfDone: plan.isUnresolved ? .unresolved : .processed,
-                                 context: StepContext(token: verified.token, user: user), message: message))
+                                 outcomeIfDone: event.plan.isUnresolved ? .unresolved : .processed,
+                                 context: StepContext(token: event.verified.token, user: event.user), message: message))
             case (.invalid(let code, let description), _):
                 metrics.outcome("invalid")
                 logger.warning("invalid token dead-lettered", metadata: [
@@ -439,11 +458,12 @@ public struct EventProcessor: Sendable {
         try? JSONDecoder().decode(PlannedStep.self, from: Data(text.utf8))
     }
 
-    /// Verifies every message, the batch split across `parallelism` tasks.
-    private func verifyAll(_ batch: [IntakeMessage]) async -> [Result<VerifiedSET, VerificationError>] {
+    /// Verifies every message, the batch split across `parallelism` tasks. Results are moved,
+    /// never copied, into place (see ValidEvent).
+    private func verifyAll(_ batch: [IntakeMessage]) async -> [Result<VerifiedSET, VerificationError>?] {
         let workers = min(parallelism, max(1, batch.count / 8))
         if workers <= 1 {
-            var results: [Result<VerifiedSET, VerificationError>] = []
+            var results: [Result<VerifiedSET, VerificationError>?] = []
             results.reserveCapacity(batch.count)
             for message in batch { results.append(await verify(message)) }
             return results
@@ -462,8 +482,10 @@ public struct EventProcessor: Sendable {
                 }
             }
             var results = [Result<VerifiedSET, VerificationError>?](repeating: nil, count: batch.count)
-            for await part in group { for (i, r) in part { results[i] = r } }
-            return results.map { $0! }
+            for await var part in group {
+                while let (i, result) = part.popLast() { results[i] = result }
+            }
+            return results
         }
     }
 
