@@ -103,9 +103,13 @@ struct Worker {
         for target in configuration.invalidation.targets.keys.sorted() {
             announce("target \(target): \(configuration.invalidation.targets[target]!.summary)")
         }
-        for (type, rule) in configuration.invalidation.leftOut where rule.action.targets.contains(Policy.sessionsTarget) {
-            logger.warning("built-in step left out: no redis target named sessions", metadata: [
-                "warden.event_type": "\(InvalidationConfiguration.shortName(type))", "warden.kind": "\(rule.action.kind)",
+        // One warning for all of them: without a sessions target, events are recorded but no
+        // session is ended. `warden check-config` lists every step left out.
+        let sessionSteps = configuration.invalidation.leftOut.filter { $0.rule.action.targets.contains(Policy.sessionsTarget) }
+        if !sessionSteps.isEmpty {
+            logger.warning("no redis target named sessions: built-in steps that end sessions are left out (warden check-config lists them)", metadata: [
+                "warden.steps": "\(sessionSteps.count)",
+                "warden.event_types": "\(Set(sessionSteps.map { InvalidationConfiguration.shortName($0.eventType) }).sorted().joined(separator: ","))",
             ])
         }
         let intake = KafkaIntake(consumer: consumer, processor: processor, metrics: metrics, logger: logger)
