@@ -46,7 +46,11 @@ struct SQLiteBinder {
 
     mutating func text(_ value: String) {
         var value = value
-        let code = value.withUTF8 { sqlite3_bind_text(handle, position, $0.baseAddress, Int32($0.count), Self.transient) }
+        let code = value.withUTF8 { utf8 in
+            // SQLite binds NULL for a null pointer: an empty string must still be a string.
+            guard let base = utf8.baseAddress else { return sqlite3_bind_text(handle, position, "", 0, Self.transient) }
+            return sqlite3_bind_text(handle, position, base, Int32(utf8.count), Self.transient)
+        }
         check(code)
     }
 
@@ -54,16 +58,5 @@ struct SQLiteBinder {
         if let value { text(value) } else { check(sqlite3_bind_null(handle, position)) }
     }
 
-    /// UTF-8 bytes stored as TEXT, without making a String of them first.
-    mutating func text(utf8 bytes: ArraySlice<UInt8>) {
-        let code = bytes.withUnsafeBufferPointer {
-            // A non-null pointer even for no bytes: SQLite binds NULL for a null pointer.
-            sqlite3_bind_text(handle, position, $0.baseAddress.map(UnsafeRawPointer.init) ?? UnsafeRawPointer(bitPattern: 1),
-                              Int32($0.count), Self.transient)
-        }
-        check(code)
-    }
-
     mutating func double(_ value: Double) { check(sqlite3_bind_double(handle, position, value)) }
-    mutating func int64(_ value: Int64) { check(sqlite3_bind_int64(handle, position, value)) }
 }

@@ -41,6 +41,23 @@ struct SQLiteLedgerTests {
         await ledger.close()
     }
 
+    @Test func emptyAndEscapedValuesAreStoredAsGiven() async throws {
+        // Values are bound straight to SQLite: an empty string stays a string (not NULL, which
+        // the NOT NULL columns would refuse), and quotes are data, not SQL.
+        let ledger = try SQLiteLedger(path: Self.temporaryPath())
+        var event = Self.event(jti: "it's \"quoted\"")
+        event.keyID = ""
+        event.subject = nil
+        guard case .new = try await ledger.claim(event, outcome: .processed, steps: []) else {
+            Issue.record("the first claim must be new"); return
+        }
+        guard case .duplicate = try await ledger.claim(event, outcome: .processed, steps: []) else {
+            Issue.record("the second claim must be a duplicate"); return
+        }
+        #expect(try ledger.events().map(\.jti) == ["it's \"quoted\""])
+        await ledger.close()
+    }
+
     @Test func concurrentClaimsOfOneJTIYieldExactlyOneNew() async throws {
         let ledger = try SQLiteLedger(path: Self.temporaryPath())
         let results = await withTaskGroup(of: Claim?.self) { group in
