@@ -192,6 +192,15 @@ if ProcessInfo.processInfo.environment["BENCH_WORKER_STDERR"] == nil { worker.st
 let clusterCPUBefore = cpuSeconds("self") ?? 0
 try worker.run()
 let ledgerPath = directory.appendingPathComponent("ledger.sqlite").path
+/// Idle and total jiffies of the whole machine so far, from /proc/stat.
+func machineIdle() -> (idle: Double, total: Double)? {
+    guard let stat = try? String(contentsOfFile: "/proc/stat", encoding: .utf8),
+          let line = stat.split(separator: "\n").first, line.hasPrefix("cpu ") else { return nil }
+    let fields = line.split(separator: " ").dropFirst().compactMap { Double($0) }
+    guard fields.count >= 5 else { return nil }
+    return (fields[3] + fields[4], fields.prefix(8).reduce(0, +))
+}
+var idleAtFirst: (idle: Double, total: Double)? = nil
 var firstSeen: (Date, Int)? = nil
 var last: (Date, Int) = (Date(), 0)
 let deadline = Date().addingTimeInterval(600)
@@ -200,7 +209,10 @@ while Date() < deadline {
     guard FileManager.default.fileExists(atPath: ledgerPath), let reader = try? SQLiteLedgerReader(path: ledgerPath),
           let latest = try? (withRedis ? Int64(reader.eventCount(outcome: .processed)) : reader.latestEventID()) else { continue }
     let n = Int(latest)
-    if n > 0, firstSeen == nil { firstSeen = (Date(), n) }
+    if n > 0, firstSeen == nil {
+        firstSeen = (Date(), n)
+        idleAtFirst = machineIdle()
+    }
     last = (Date(), n)
     if n >= count { break }
 }
@@ -214,6 +226,7 @@ func cpuSeconds(_ pid: String) -> Double? {
 }
 // The worker's CPU per event is the figure that does not drift with the machine's speed of the
 // moment. This process meanwhile serves the worker's fetches (the mock cluster) on the same cores.
+let idleAtLast = machineIdle()
 let workerCPU = cpuSeconds("\(worker.processIdentifier)")
 let clusterCPU = cpuSeconds("self").map { $0 - clusterCPUBefore }
 worker.terminate()
@@ -231,6 +244,9 @@ if let workerCPU {
 }
 if let clusterCPU {
     print("mock cluster serving the worker (this process, same cores): \(Int(clusterCPU / Double(count) * 1e6)) µs of CPU per event")
+}
+if let a = idleAtFirst, let b = idleAtLast, b.total > a.total {
+    print("machine idle from the first recorded event to the last: \(Int(100 * (b.idle - a.idle) / (b.total - a.total)))%")
 }
 print("verification alone, one core: \(Int(verifyRate)) SETs/s")
 print("twice that (two cores of verification alone): \(Int(2 * verifyRate)) /s; end to end is \(String(format: "%.2f", rate / (2 * verifyRate))) of it")

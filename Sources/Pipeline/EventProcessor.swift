@@ -137,29 +137,53 @@ public struct EventProcessor: Sendable {
         case invalid(code: String, description: String)
     }
 
-    /// A verified event with its local user and plan. A class: verdicts move through several
-    /// arrays on their way to the ledger, and copying a `VerifiedSET` retains each of its many
-    /// strings and arrays (visible in the intake's profile); a reference is one retain.
+    /// A verified token behind a reference. Verification results move through several arrays
+    /// on their way to the ledger, and copying a `VerifiedSET` retains each of its many strings
+    /// and arrays (visible in the intake's profile); a reference is one retain.
+    final class Verified: Sendable {
+        let set: VerifiedSET
+        init(_ set: VerifiedSET) { self.set = set }
+    }
+
+    /// A verified event with its local user and plan (a class for the same reason).
     final class ValidEvent: Sendable {
-        let verified: VerifiedSET
+        let verified: Verified
         let user: String?
         let plan: Plan
 
-        init(_ verified: VerifiedSET, user: String?, plan: Plan) {
+        init(_ verified: Verified, user: String?, plan: Plan) {
             self.verified = verified
             self.user = user
             self.plan = plan
         }
+
+        var token: SecurityEventToken { verified.set.token }
+    }
+
+    /// A batch's verification results, in the batch's order: the first half of `prepare`,
+    /// which may run for the next batch while the second half runs for this one.
+    public struct Checked: Sendable {
+        var results: [Result<Verified, VerificationError>]
+    }
+
+    /// Verifies every message of the batch, on every core.
+    public func check(_ batch: [IntakeMessage]) async -> Checked {
+        Checked(results: await verifyAll(batch))
     }
 
     /// Verifies the batch and dead-letters its invalid messages. While an issuer's keys are
     /// unavailable the batch waits, retrying; if the process stops first, the batch is cut
     /// before the first message without a verdict, and the rest is left for redelivery.
     public func prepare(_ batch: [IntakeMessage]) async -> Prepared {
-        var results: [Result<VerifiedSET, VerificationError>?] = await verifyAll(batch)
+        await prepare(batch, checked: check(batch))
+    }
+
+    /// `prepare` once the batch has been checked.
+    public func prepare(_ batch: [IntakeMessage], checked: Checked) async -> Prepared {
+        var results = checked.results
         var attempt = 0
-        while let waiting = results.firstIndex(where: { if case .failure(let e)? = $0 { e.isRetryable } else { false } }) {
-            guard case .failure(let error)? = results[waiting] else { break }
+        while let waiting = results.firstIndex(where: { if case .failure(let e) = $0 { e.isRetryable } else { false } }) {
+            guard case .failure(let error) = results[waiting] else { break }
             metrics.retried("keys_unavailable")
             logger.warning("issuer keys unavailable; will retry", metadata: [
                 "warden.source": "\(batch[waiting].source)", "warden.reason": "\(error.description)", "warden.attempt": "\(attempt)",
@@ -170,25 +194,23 @@ public struct EventProcessor: Sendable {
             }
             attempt += 1
             for i in waiting..<results.count {
-                if case .failure(let e)? = results[i], e.isRetryable { results[i] = await verify(batch[i]) }
+                if case .failure(let e) = results[i], e.isRetryable { results[i] = await verify(batch[i]) }
             }
         }
 
         var verdicts: [Verdict] = []
         verdicts.reserveCapacity(results.count)
-        resolving: for i in results.indices {
-            // Taken out of the array, not copied (see ValidEvent).
-            guard let result = results[i].take() else { break }
+        resolving: for (i, result) in results.enumerated() {
             switch result {
             case .success(let verified):
                 // The subject's local user: a lookup that cannot be made now makes the batch
                 // wait here, like unavailable keys, rather than record the event unresolved.
                 var attempt = 0
                 while true {
-                    switch await engine.resolver.resolve(verified.token) {
+                    switch await engine.resolver.resolve(verified.set.token) {
                     case .resolved(let resolution):
                         let user: String? = if case .user(let u) = resolution { u } else { nil }
-                        let plan = engine.planner.plan(verified.token, subject: resolution)
+                        let plan = engine.planner.plan(verified.set.token, subject: resolution)
                         verdicts.append(.valid(ValidEvent(verified, user: user, plan: plan)))
                         continue resolving
                     case .retry(let reason):
@@ -238,7 +260,7 @@ public struct EventProcessor: Sendable {
                 // The event is claimed together with its outbox: the planned steps, all pending.
                 let steps = plan.steps.map { OutboxStep(index: $0.index, kind: $0.action.kind, action: Self.encode($0)) }
                 let outcome: EventOutcome = !steps.isEmpty ? .pending : plan.isUnresolved ? .unresolved : .processed
-                entries.append(.event(ledgerEvent(event.verified, message), outcome: outcome, steps: steps))
+                entries.append(.event(ledgerEvent(event.verified.set, message), outcome: outcome, steps: steps))
             case .invalid(let code, let description):
                 metrics.deadLettered()
                 entries.append(.rejection(Rejection(token: message.value, source: message.source, code: code,
@@ -272,28 +294,28 @@ public struct EventProcessor: Sendable {
                     ])
                 }
                 if event.plan.isUnresolved {
-                    logger.notice("subject resolved to no local user; steps that need one were not planned", metadata: metadata(event.verified.token, message, eventID: id))
+                    logger.notice("subject resolved to no local user; steps that need one were not planned", metadata: metadata(event.token, message, eventID: id))
                 }
                 guard case .event(_, _, let steps) = prepared.entries[i] else { preconditionFailure("entries follow verdicts") }
                 let outcome: EventOutcome = event.plan.isUnresolved ? .unresolved : .processed
                 if steps.isEmpty {
                     metrics.outcome(outcome.rawValue)
-                    logger.info("event recorded", metadata: metadata(event.verified.token, message, eventID: id))
+                    logger.info("event recorded", metadata: metadata(event.token, message, eventID: id))
                     dispositions[i] = .recorded(eventID: id, outcome: outcome)
                 } else {
                     dispositions[i] = nil
                     work.append(Work(position: i, eventID: id, isNew: true, steps: steps, planned: event.plan.steps, outcomeIfDone: outcome,
-                                     context: StepContext(token: event.verified.token, user: event.user), message: message))
+                                     context: StepContext(token: event.token, user: event.user), message: message))
                 }
             case (.valid(let event), .duplicate(let id)?):
                 metrics.outcome("duplicate")
-                logger.info("duplicate event", metadata: metadata(event.verified.token, message, eventID: id))
+                logger.info("duplicate event", metadata: metadata(event.token, message, eventID: id))
                 // A crash may have left this event's steps part-done: what is still pending runs
                 // when its turn in the subject's lane comes (read from the outbox then).
                 dispositions[i] = nil
                 work.append(Work(position: i, eventID: id, isNew: false, steps: [],
                                  outcomeIfDone: event.plan.isUnresolved ? .unresolved : .processed,
-                                 context: StepContext(token: event.verified.token, user: event.user), message: message))
+                                 context: StepContext(token: event.token, user: event.user), message: message))
             case (.invalid(let code, let description), _):
                 metrics.outcome("invalid")
                 logger.warning("invalid token dead-lettered", metadata: [
@@ -458,12 +480,11 @@ public struct EventProcessor: Sendable {
         try? JSONDecoder().decode(PlannedStep.self, from: Data(text.utf8))
     }
 
-    /// Verifies every message, the batch split across `parallelism` tasks. Results are moved,
-    /// never copied, into place (see ValidEvent).
-    private func verifyAll(_ batch: [IntakeMessage]) async -> [Result<VerifiedSET, VerificationError>?] {
+    /// Verifies every message, the batch split across `parallelism` tasks.
+    private func verifyAll(_ batch: [IntakeMessage]) async -> [Result<Verified, VerificationError>] {
         let workers = min(parallelism, max(1, batch.count / 8))
         if workers <= 1 {
-            var results: [Result<VerifiedSET, VerificationError>?] = []
+            var results: [Result<Verified, VerificationError>] = []
             results.reserveCapacity(batch.count)
             for message in batch { results.append(await verify(message)) }
             return results
@@ -471,32 +492,30 @@ public struct EventProcessor: Sendable {
         // Each task takes the next unverified message, so a task slowed by another thread on
         // its core does not leave the others idle at the end of the batch.
         let next = SharedIndex()
-        return await withTaskGroup(of: [(Int, Result<VerifiedSET, VerificationError>)].self) { group in
+        return await withTaskGroup(of: [(Int, Result<Verified, VerificationError>)].self) { group in
             for _ in 0..<workers {
                 group.addTask {
-                    var part: [(Int, Result<VerifiedSET, VerificationError>)] = []
+                    var part: [(Int, Result<Verified, VerificationError>)] = []
                     while case let i = next.take(), i < batch.count {
                         part.append((i, await verify(batch[i])))
                     }
                     return part
                 }
             }
-            var results = [Result<VerifiedSET, VerificationError>?](repeating: nil, count: batch.count)
-            for await var part in group {
-                while let (i, result) = part.popLast() { results[i] = result }
-            }
-            return results
+            var results = [Result<Verified, VerificationError>?](repeating: nil, count: batch.count)
+            for await part in group { for (i, result) in part { results[i] = result } }
+            return results.map { $0! }
         }
     }
 
-    private func verify(_ message: IntakeMessage) async -> Result<VerifiedSET, VerificationError> {
+    private func verify(_ message: IntakeMessage) async -> Result<Verified, VerificationError> {
         let started = ContinuousClock.now
         // Whitespace around a compact JWS (a trailing newline from a file or a shell) is not
         // part of it; the dead letter and the ledger keep the value as received.
         let result = await verifier.verify(trimmedASCIIWhitespace(message.value))
         let elapsed = (ContinuousClock.now - started).components
         metrics.verifySeconds.recordNanoseconds(elapsed.seconds * 1_000_000_000 + elapsed.attoseconds / 1_000_000_000)
-        return result
+        return result.map(Verified.init)
     }
 
     private func ledgerEvent(_ verified: VerifiedSET, _ message: IntakeMessage) -> LedgerEvent {

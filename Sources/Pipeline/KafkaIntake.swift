@@ -44,7 +44,7 @@ public final class KafkaIntake: Service {
     }
 
     private func dispatch() async {
-        let processor = self.processor, consumer = self.consumer, logger = self.logger
+        let processor = self.processor, consumer = self.consumer, logger = self.logger, metrics = self.metrics
         let queue = WriteQueue(limit: Self.maximumUnwritten)
         let lanes = SubjectLanes()
         await withTaskGroup(of: Void.self) { group in
@@ -90,19 +90,30 @@ public final class KafkaIntake: Service {
                 await steps.waitForAll()
               }
             }
-            var cut = false
-            for await batch in consumer.batches {
-                metrics.received(source: "kafka", count: batch.count)
-                // After a cut batch, later messages must not overtake the ones left behind.
-                if cut { continue }
-                let receivedAt = Date().timeIntervalSince1970
-                let intake = batch.map { IntakeMessage(value: $0.value, source: "kafka:\($0.address)", receivedAt: receivedAt) }
-                let prepared = await processor.prepare(intake)
-                if prepared.count < batch.count {
-                    cut = true
-                    logger.info("left for redelivery", metadata: ["warden.messages": "\(batch.count - prepared.count)"])
+            // Verification runs one batch ahead of the rest of preparation (the ledger rows, dead
+            // letters, subjects and plans), so the cores are not left to one task meanwhile.
+            let checkedQueue = BatchQueue<CheckedBatch>(limit: Self.checkedAhead)
+            group.addTask {
+                for await batch in consumer.batches {
+                    metrics.received(source: "kafka", count: batch.count)
+                    let receivedAt = Date().timeIntervalSince1970
+                    let intake = batch.map { IntakeMessage(value: $0.value, source: "kafka:\($0.address)", receivedAt: receivedAt) }
+                    await checkedQueue.push(CheckedBatch(messages: batch, intake: intake, checked: await processor.check(intake)))
                 }
-                await queue.push(.init(messages: batch, intake: intake, prepared: prepared))
+                checkedQueue.close()
+            }
+            var cut = false
+            while let batches = await checkedQueue.takeAll() {
+                for batch in batches {
+                    // After a cut batch, later messages must not overtake the ones left behind.
+                    if cut { continue }
+                    let prepared = await processor.prepare(batch.intake, checked: batch.checked)
+                    if prepared.count < batch.messages.count {
+                        cut = true
+                        logger.info("left for redelivery", metadata: ["warden.messages": "\(batch.messages.count - prepared.count)"])
+                    }
+                    await queue.push(PreparedBatch(messages: batch.messages, intake: batch.intake, prepared: prepared))
+                }
             }
             queue.close()
         }
@@ -113,6 +124,10 @@ public final class KafkaIntake: Service {
 
     /// Verified messages that may wait for the ledger at once; verification pauses beyond it.
     static let maximumUnwritten = 16_384
+
+    /// Verified messages that may wait for the rest of their preparation: one batch verified
+    /// ahead while the one before is prepared.
+    static let checkedAhead = 1
 
     private func reportOffsets(until stop: StopSignal) async {
         while await stop.pause(1) {
@@ -148,15 +163,9 @@ public struct KafkaDeadLetters: DeadLetterSink {
     }
 }
 
-/// Prepared batches between verification and the ledger writer, in arrival order. `push` waits
+/// Batches handed from one stage of the intake to the next, in arrival order. `push` waits
 /// while `limit` messages are already waiting; `takeAll` waits for at least one batch.
-final class WriteQueue: Sendable {
-    struct Item: Sendable {
-        var messages: [KafkaMessage]
-        var intake: [IntakeMessage]
-        var prepared: EventProcessor.Prepared
-    }
-
+final class BatchQueue<Item: IntakeBatch>: Sendable {
     private struct State {
         var items: [Item] = []
         var waiting = 0
@@ -219,6 +228,27 @@ final class WriteQueue: Sendable {
         reader?.resume(returning: nil)
     }
 }
+
+/// What the intake's stages hand on: a batch of Kafka messages and what was made of them.
+protocol IntakeBatch: Sendable {
+    var messages: [KafkaMessage] { get }
+}
+
+/// Verified batches, between verification and the rest of preparation.
+struct CheckedBatch: IntakeBatch {
+    var messages: [KafkaMessage]
+    var intake: [IntakeMessage]
+    var checked: EventProcessor.Checked
+}
+
+/// Prepared batches, between preparation and the ledger writer.
+struct PreparedBatch: IntakeBatch {
+    var messages: [KafkaMessage]
+    var intake: [IntakeMessage]
+    var prepared: EventProcessor.Prepared
+}
+
+typealias WriteQueue = BatchQueue<PreparedBatch>
 
 /// Keeps one subject's events in order while different subjects' run at once: each event
 /// waits for the gate of the subject's previous event, which opens when that one is done.

@@ -5,7 +5,7 @@ import Testing
 
 @Suite("Write queue between verification and the ledger")
 struct WriteQueueTests {
-    func item(_ offsets: Range<Int64>) -> WriteQueue.Item {
+    func item(_ offsets: Range<Int64>) -> PreparedBatch {
         let messages = offsets.map { KafkaMessage(topic: "t", partition: 0, offset: $0, key: nil, value: []) }
         return .init(messages: messages, intake: [], prepared: .init(count: 0, entries: [], verdicts: []))
     }
