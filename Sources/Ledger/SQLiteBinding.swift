@@ -5,30 +5,66 @@ internal import GRDBSQLite
 ///
 /// GRDB's `StatementArguments` turn every value into a `DatabaseValue` first; on the intake's
 /// path (one event insert per message, thousands per transaction) that conversion cost more
-/// CPU than SQLite's own work. The statement is still GRDB's cached one (GRDB finalizes it when
-/// the connection closes); it is only ever executed here.
+/// CPU than SQLite's own work. Texts are copied once into one scratch buffer that outlives the
+/// step and bound without SQLite copying them again (SQLITE_STATIC: a copy would be a malloc
+/// per value). The statement is still GRDB's cached one (GRDB finalizes it when the connection
+/// closes); it is only ever executed here.
 struct SQLiteBinder {
-    private let handle: OpaquePointer
-    private var position: Int32 = 1
-    private var failure: Int32 = SQLITE_OK
+    private enum Value {
+        case text(String)
+        case null
+        case double(Double)
+    }
 
-    private init(_ handle: OpaquePointer) { self.handle = handle }
+    private var values: [Value] = []
 
-    /// Resets `statement`, lets `bind` bind its parameters in order, and steps it to its end.
-    /// Returns the number of rows it changed.
+    /// Lets `bind` give the statement's parameters in order, binds them, and steps the
+    /// statement to its end. Returns the number of rows it changed.
     @discardableResult
     static func execute(_ statement: Statement, in db: Database, _ bind: (inout SQLiteBinder) -> Void) throws -> Int {
-        let handle = statement.sqliteStatement
-        sqlite3_reset(handle)
-        sqlite3_clear_bindings(handle)
-        var binder = SQLiteBinder(handle)
+        var binder = SQLiteBinder()
+        binder.values.reserveCapacity(16)
         bind(&binder)
-        if binder.failure != SQLITE_OK { throw error(binder.failure, db, statement) }
-        var code = sqlite3_step(handle)
-        while code == SQLITE_ROW { code = sqlite3_step(handle) }
-        sqlite3_reset(handle)
-        guard code == SQLITE_DONE else { throw error(code, db, statement) }
-        return Int(sqlite3_changes(db.sqliteConnection))
+        let handle = statement.sqliteStatement
+        // Every parameter is bound on every execution.
+        guard binder.values.count == Int(sqlite3_bind_parameter_count(handle)) else {
+            throw DatabaseError(message: "\(binder.values.count) values for \(sqlite3_bind_parameter_count(handle)) parameters",
+                                sql: statement.sql)
+        }
+        var bytes = 0
+        for case .text(let text) in binder.values { bytes += text.utf8.count }
+        return try withUnsafeTemporaryAllocation(of: UInt8.self, capacity: max(bytes, 1)) { scratch in
+            sqlite3_reset(handle)
+            // Before the scratch buffer goes, whatever happens: no step runs on it, and no
+            // binding points into it.
+            defer {
+                sqlite3_reset(handle)
+                sqlite3_clear_bindings(handle)
+            }
+            var offset = 0
+            for (index, value) in binder.values.enumerated() {
+                let position = Int32(index + 1)
+                let code: Int32
+                switch value {
+                case .text(var text):
+                    let start = scratch.baseAddress! + offset
+                    let count = text.withUTF8 { utf8 in
+                        if let base = utf8.baseAddress { start.update(from: base, count: utf8.count) }
+                        return utf8.count
+                    }
+                    offset += count
+                    // A non-null pointer even for an empty string: SQLite binds NULL for a null one.
+                    code = sqlite3_bind_text(handle, position, start, Int32(count), nil)
+                case .null: code = sqlite3_bind_null(handle, position)
+                case .double(let number): code = sqlite3_bind_double(handle, position, number)
+                }
+                if code != SQLITE_OK { throw error(code, db, statement) }
+            }
+            var code = sqlite3_step(handle)
+            while code == SQLITE_ROW { code = sqlite3_step(handle) }
+            guard code == SQLITE_DONE else { throw error(code, db, statement) }
+            return Int(sqlite3_changes(db.sqliteConnection))
+        }
     }
 
     private static func error(_ code: Int32, _ db: Database, _ statement: Statement) -> DatabaseError {
@@ -36,27 +72,9 @@ struct SQLiteBinder {
         return DatabaseError(resultCode: ResultCode(rawValue: code), message: message, sql: statement.sql)
     }
 
-    private mutating func check(_ code: Int32) {
-        if code != SQLITE_OK, failure == SQLITE_OK { failure = code }
-        position += 1
-    }
+    mutating func text(_ value: String) { values.append(.text(value)) }
 
-    /// SQLite copies what it is given (SQLITE_TRANSIENT): the bytes need not outlive the call.
-    private static let transient = unsafeBitCast(-1, to: sqlite3_destructor_type.self)
+    mutating func text(_ value: String?) { values.append(value.map { .text($0) } ?? .null) }
 
-    mutating func text(_ value: String) {
-        var value = value
-        let code = value.withUTF8 { utf8 in
-            // SQLite binds NULL for a null pointer: an empty string must still be a string.
-            guard let base = utf8.baseAddress else { return sqlite3_bind_text(handle, position, "", 0, Self.transient) }
-            return sqlite3_bind_text(handle, position, base, Int32(utf8.count), Self.transient)
-        }
-        check(code)
-    }
-
-    mutating func text(_ value: String?) {
-        if let value { text(value) } else { check(sqlite3_bind_null(handle, position)) }
-    }
-
-    mutating func double(_ value: Double) { check(sqlite3_bind_double(handle, position, value)) }
+    mutating func double(_ value: Double) { values.append(.double(value)) }
 }

@@ -324,6 +324,7 @@ public struct StoredDelivery: Sendable, Equatable {
 
 /// A JSON array of strings (event type URIs, step names).
 func jsonArray(_ items: [String]) -> String {
+    if items.isEmpty { return "[]" }
     var out = "["
     for (i, item) in items.enumerated() {
         if i > 0 { out += "," }
