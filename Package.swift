@@ -71,6 +71,7 @@ let package = Package(
         .target(
             name: "Ledger",
             dependencies: [
+                "SecurityEvents",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "GRDBSQLite", package: "GRDB.swift"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),

@@ -108,9 +108,8 @@ let tokensFile = directory.appendingPathComponent("tokens.tsv")
 try (store.lines.joined(separator: "\n") + "\n").write(to: tokensFile, atomically: true, encoding: .utf8)
 // With Redis: a server, and two sessions listed in each user's set.
 let redis: RedisServer? = withRedis ? try await RedisServer() : nil
-var redisTarget = ""
+let redisTarget = redis.map { "targets: {sessions: {redis: \"redis://127.0.0.1:\($0.port)/0\"}}" } ?? ""
 if let redis {
-    redisTarget = "targets: {sessions: {redis: \"redis://127.0.0.1:\(redis.port)/0\"}}"
     let commands = (0..<count).map { "SET session:user-\($0):a 1\r\nSET session:user-\($0):b 1\r\nSADD user-sessions:user-\($0) session:user-\($0):a session:user-\($0):b\r\n" }.joined()
     let seed = directory.appendingPathComponent("seed.txt")
     try commands.write(to: seed, atomically: true, encoding: .utf8)
@@ -121,21 +120,28 @@ if let redis {
     pipe.waitUntilExit()
     print("redis-server seeded: \(try await redis.cli(["DBSIZE"])) keys (two sessions and a set per user)")
 }
-let config = directory.appendingPathComponent("warden.yaml")
-try """
-issuers:
-  - issuer: \(issuer)
-    jwks-file: jwks.json
-    audiences: [\(audience)]
-kafka:
-  brokers: \(cluster.bootstrapServers)
-  topic: security-events
-  group: bench
-  properties: {session.timeout.ms: "6000"}
-http: {listen: "127.0.0.1:0"}
-ledger: sqlite:ledger.sqlite
-\(redisTarget)
-""".write(to: config, atomically: true, encoding: .utf8)
+// BENCH_KAFKA_PROPERTIES='name: "value", …' adds librdkafka properties to the worker's.
+let kafkaProperties = ProcessInfo.processInfo.environment["BENCH_KAFKA_PROPERTIES"].map { ", " + $0 } ?? ""
+
+/// A worker configuration of its own (consumer group, ledger) for each run.
+func writeConfig(run: Int) throws -> (config: URL, ledger: String) {
+    let config = directory.appendingPathComponent("warden-\(run).yaml")
+    try """
+    issuers:
+      - issuer: \(issuer)
+        jwks-file: jwks.json
+        audiences: [\(audience)]
+    kafka:
+      brokers: \(cluster.bootstrapServers)
+      topic: security-events
+      group: bench-\(run)
+      properties: {session.timeout.ms: "6000"\(kafkaProperties)}
+    http: {listen: "127.0.0.1:0"}
+    ledger: sqlite:ledger-\(run).sqlite
+    \(redisTarget)
+    """.write(to: config, atomically: true, encoding: .utf8)
+    return (config, directory.appendingPathComponent("ledger-\(run).sqlite").path)
+}
 
 // Produce everything first with kcat (an independent client), keyed by subject.
 let kcat = Process()
@@ -178,20 +184,6 @@ nonisolated func kafkaOnly() async throws {
 }
 try await kafkaOnly()
 
-// Run the worker; time from its first recorded event to its last.
-let wardenPath = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent("warden").path
-let worker = Process()
-worker.executableURL = URL(fileURLWithPath: wardenPath)
-worker.arguments = ["run", "--config", config.path]
-var environment = ProcessInfo.processInfo.environment
-environment["WARDEN_LOG_LEVEL"] = "warning"
-worker.environment = environment
-worker.standardOutput = FileHandle.nullDevice
-// BENCH_WORKER_STDERR=1 shows the worker's log.
-if ProcessInfo.processInfo.environment["BENCH_WORKER_STDERR"] == nil { worker.standardError = FileHandle.nullDevice }
-let clusterCPUBefore = cpuSeconds("self") ?? 0
-try worker.run()
-let ledgerPath = directory.appendingPathComponent("ledger.sqlite").path
 /// Idle and total jiffies of the whole machine so far, from /proc/stat.
 func machineIdle() -> (idle: Double, total: Double)? {
     guard let stat = try? String(contentsOfFile: "/proc/stat", encoding: .utf8),
@@ -199,28 +191,6 @@ func machineIdle() -> (idle: Double, total: Double)? {
     let fields = line.split(separator: " ").dropFirst().compactMap { Double($0) }
     guard fields.count >= 5 else { return nil }
     return (fields[3] + fields[4], fields.prefix(8).reduce(0, +))
-}
-var idleAtFirst: (idle: Double, total: Double)? = nil
-var firstSeen: (Date, Int)? = nil
-var last: (Date, Int) = (Date(), 0)
-let deadline = Date().addingTimeInterval(600)
-// The record-only run lasts about a second and a half: the ledger is read every 10 ms (its
-// newest id, an index lookup), or each end of the window could be off by a tenth of the run.
-// Counting processed events (the Redis run, some ten seconds long) scans the table: 100 ms.
-let pollInterval = withRedis ? 100 : 10
-var ledgerReader: SQLiteLedgerReader? = nil
-while Date() < deadline {
-    try await Task.sleep(for: .milliseconds(pollInterval))
-    if ledgerReader == nil, FileManager.default.fileExists(atPath: ledgerPath) { ledgerReader = try? SQLiteLedgerReader(path: ledgerPath) }
-    guard let reader = ledgerReader,
-          let latest = try? (withRedis ? Int64(reader.eventCount(outcome: .processed)) : reader.latestEventID()) else { continue }
-    let n = Int(latest)
-    if n > 0, firstSeen == nil {
-        firstSeen = (Date(), n)
-        idleAtFirst = machineIdle()
-    }
-    last = (Date(), n)
-    if n >= count { break }
 }
 // CPU time (user + system, all threads) of a process so far, from /proc.
 func cpuSeconds(_ pid: String) -> Double? {
@@ -230,29 +200,122 @@ func cpuSeconds(_ pid: String) -> Double? {
     guard fields.count > 13, let user = Double(fields[11]), let system = Double(fields[12]) else { return nil }
     return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
 }
-// The worker's CPU per event is the figure that does not drift with the machine's speed of the
-// moment. This process meanwhile serves the worker's fetches (the mock cluster) on the same cores.
-let idleAtLast = machineIdle()
-let workerCPU = cpuSeconds("\(worker.processIdentifier)")
-let clusterCPU = cpuSeconds("self").map { $0 - clusterCPUBefore }
-worker.terminate()
-worker.waitUntilExit()
-guard let (t0, n0) = firstSeen, last.1 >= count else { fatalError("the worker recorded \(last.1) of \(count) events") }
-let rate = Double(last.1 - n0) / last.0.timeIntervalSince(t0)
+
+struct WorkerRun {
+    /// Events per second from the first recorded event to the last.
+    var rate: Double
+    /// The worker's CPU time (all threads, start-up included) per event, seconds.
+    var cpuPerEvent: Double?
+    /// This process's CPU per event meanwhile: the mock cluster serving the worker.
+    var clusterCPUPerEvent: Double?
+    /// Share of the machine idle between the first recorded event and the last.
+    var idle: Double?
+    var pid: Int32
+}
+
+/// Runs `warden run` at `path` on the whole topic with a group and ledger of its own, and times
+/// it from its first recorded event to its last.
+nonisolated func runWorker(_ path: String, run: Int) async throws -> WorkerRun {
+    let (config, ledgerPath) = try writeConfig(run: run)
+    let worker = Process()
+    worker.executableURL = URL(fileURLWithPath: path)
+    worker.arguments = ["run", "--config", config.path]
+    var environment = ProcessInfo.processInfo.environment
+    environment["WARDEN_LOG_LEVEL"] = "warning"
+    worker.environment = environment
+    worker.standardOutput = FileHandle.nullDevice
+    // BENCH_WORKER_STDERR=1 shows the worker's log.
+    if ProcessInfo.processInfo.environment["BENCH_WORKER_STDERR"] == nil { worker.standardError = FileHandle.nullDevice }
+    let clusterCPUBefore = cpuSeconds("self") ?? 0
+    try worker.run()
+    var idleAtFirst: (idle: Double, total: Double)? = nil
+    var firstSeen: (Date, Int)? = nil
+    var last: (Date, Int) = (Date(), 0)
+    let deadline = Date().addingTimeInterval(600)
+    // The record-only run lasts about a second and a half: the ledger is read every 10 ms (its
+    // newest id, an index lookup), or each end of the window could be off by a tenth of the run.
+    // Counting processed events (the Redis run, some ten seconds long) scans the table: 100 ms.
+    let pollInterval = withRedis ? 100 : 10
+    var ledgerReader: SQLiteLedgerReader? = nil
+    while Date() < deadline {
+        try await Task.sleep(for: .milliseconds(pollInterval))
+        if ledgerReader == nil, FileManager.default.fileExists(atPath: ledgerPath) { ledgerReader = try? SQLiteLedgerReader(path: ledgerPath) }
+        guard let reader = ledgerReader,
+              let latest = try? (withRedis ? Int64(reader.eventCount(outcome: .processed)) : reader.latestEventID()) else { continue }
+        let n = Int(latest)
+        if n > 0, firstSeen == nil {
+            firstSeen = (Date(), n)
+            idleAtFirst = machineIdle()
+        }
+        last = (Date(), n)
+        if n >= count { break }
+    }
+    // The worker's CPU per event is the figure that does not drift with the machine's speed of
+    // the moment. This process meanwhile serves the worker's fetches (the mock cluster) on the
+    // same cores.
+    let idleAtLast = machineIdle()
+    let workerCPU = cpuSeconds("\(worker.processIdentifier)")
+    let clusterCPU = cpuSeconds("self").map { $0 - clusterCPUBefore }
+    worker.terminate()
+    worker.waitUntilExit()
+    for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: ledgerPath + suffix) }
+    guard let (t0, n0) = firstSeen, last.1 >= count else { fatalError("the worker recorded \(last.1) of \(count) events") }
+    var idle: Double? = nil
+    if let a = idleAtFirst, let b = idleAtLast, b.total > a.total { idle = (b.idle - a.idle) / (b.total - a.total) }
+    return WorkerRun(rate: Double(last.1 - n0) / last.0.timeIntervalSince(t0), cpuPerEvent: workerCPU.map { $0 / Double(count) },
+                     clusterCPUPerEvent: clusterCPU.map { $0 / Double(count) }, idle: idle,
+                     pid: worker.processIdentifier)
+}
+
+func median(_ values: [Double]) -> Double {
+    let sorted = values.sorted()
+    return sorted.count % 2 == 1 ? sorted[sorted.count / 2] : (sorted[sorted.count / 2 - 1] + sorted[sorted.count / 2]) / 2
+}
+
+let wardenPath = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent("warden").path
+
+// BENCH_COMPARE="A B …" (paths to `warden` builds) with BENCH_ROUNDS=N (default 5): each build
+// runs once per round, in turn, on the same tokens and cluster, so builds are compared in the
+// same minutes of this machine's drifting speed. Prints each build's median.
+if let compare = ProcessInfo.processInfo.environment["BENCH_COMPARE"] {
+    guard !withRedis else { fatalError("BENCH_COMPARE runs record-only: the Redis run purges what it measures") }
+    let builds = compare.split(separator: " ").map(String.init)
+    let rounds = Int(ProcessInfo.processInfo.environment["BENCH_ROUNDS"] ?? "") ?? 5
+    var results = [[WorkerRun]](repeating: [], count: builds.count)
+    var run = 0
+    for round in 1...rounds {
+        for (b, build) in builds.enumerated() {
+            run += 1
+            let r = try await runWorker(build, run: run)
+            results[b].append(r)
+            print("round \(round) build \(b): \(Int(r.rate)) SETs/s, worker \(Int((r.cpuPerEvent ?? 0) * 1e6)) µs CPU per event (pid \(r.pid))")
+        }
+    }
+    for (b, build) in builds.enumerated() {
+        let rates = results[b].map(\.rate), cpus = results[b].compactMap(\.cpuPerEvent)
+        print("build \(b) (\(build)): median \(Int(median(rates))) SETs/s, \(String(format: "%.1f", median(cpus) * 1e6)) µs CPU per event")
+    }
+    try? FileManager.default.removeItem(at: directory)
+    exit(0)
+}
+
+// Run the worker; time from its first recorded event to its last.
+let result = try await runWorker(wardenPath, run: 0)
+let rate = result.rate
 if let redis {
     print("warden run end to end (Kafka → verify → SQLite ledger with outbox → Redis purge-set → step recorded → commit), \(count) SETs, \(partitions) partitions: \(Int(rate)) SETs/s")
     print("redis-server keys left after the run: \(try await redis.cli(["DBSIZE"])) (0 = every session purged)")
 } else {
     print("warden run end to end (Kafka → verify → SQLite ledger → commit), \(count) SETs, \(partitions) partitions: \(Int(rate)) SETs/s")
 }
-if let workerCPU {
-    print("worker CPU time per event (whole run, start-up included): \(Int(workerCPU / Double(count) * 1e6)) µs; verification alone: \(Int(1e6 / verifyRate)) µs")
+if let cpu = result.cpuPerEvent {
+    print("worker CPU time per event (whole run, start-up included): \(Int(cpu * 1e6)) µs; verification alone: \(Int(1e6 / verifyRate)) µs")
 }
-if let clusterCPU {
-    print("mock cluster serving the worker (this process, same cores): \(Int(clusterCPU / Double(count) * 1e6)) µs of CPU per event")
+if let cpu = result.clusterCPUPerEvent {
+    print("mock cluster serving the worker (this process, same cores): \(Int(cpu * 1e6)) µs of CPU per event")
 }
-if let a = idleAtFirst, let b = idleAtLast, b.total > a.total {
-    print("machine idle from the first recorded event to the last: \(Int(100 * (b.idle - a.idle) / (b.total - a.total)))%")
+if let idle = result.idle {
+    print("machine idle from the first recorded event to the last: \(Int(100 * idle))%")
 }
 print("verification alone, one core: \(Int(verifyRate)) SETs/s")
 print("twice that (two cores of verification alone): \(Int(2 * verifyRate)) /s; end to end is \(String(format: "%.2f", rate / (2 * verifyRate))) of it")

@@ -1,68 +1,70 @@
 internal import GRDB
 internal import GRDBSQLite
+internal import SecurityEvents
 
-/// Runs a statement of the hot write path with its values bound straight to SQLite.
+/// Runs the statements of the hot write path with their values bound straight to SQLite.
 ///
 /// GRDB's `StatementArguments` turn every value into a `DatabaseValue` first; on the intake's
 /// path (one event insert per message, thousands per transaction) that conversion cost more
-/// CPU than SQLite's own work. Texts are copied once into one scratch buffer that outlives the
-/// step and bound without SQLite copying them again (SQLITE_STATIC: a copy would be a malloc
-/// per value). The statement is still GRDB's cached one (GRDB finalizes it when the connection
-/// closes); it is only ever executed here.
+/// CPU than SQLite's own work. Here the texts of one execution are copied, back to back, into
+/// one byte buffer that lives as long as the binder (one per ledger write, reused for every
+/// row of it), and bound without SQLite copying them again (SQLITE_STATIC: a copy would be a
+/// malloc per value). The statement is still GRDB's cached one (GRDB finalizes it when the
+/// connection closes); it is only ever executed here.
 struct SQLiteBinder {
-    private enum Value {
-        case text(String)
+    private enum Slot {
+        /// A text at this range of `bytes`.
+        case text(start: Int, count: Int)
         case null
         case double(Double)
     }
 
-    private var values: [Value] = []
+    private var slots: [Slot] = []
+    private var bytes: [UInt8] = []
+
+    init() {
+        slots.reserveCapacity(16)
+        bytes.reserveCapacity(4096)
+    }
 
     /// Lets `bind` give the statement's parameters in order, binds them, and steps the
     /// statement to its end. Returns the number of rows it changed.
     @discardableResult
-    static func execute(_ statement: Statement, in db: Database, _ bind: (inout SQLiteBinder) -> Void) throws -> Int {
-        var binder = SQLiteBinder()
-        binder.values.reserveCapacity(16)
-        bind(&binder)
+    mutating func execute(_ statement: Statement, in db: Database, _ bind: (inout SQLiteBinder) -> Void) throws -> Int {
+        slots.removeAll(keepingCapacity: true)
+        bytes.removeAll(keepingCapacity: true)
+        bind(&self)
         let handle = statement.sqliteStatement
         // Every parameter is bound on every execution.
-        guard binder.values.count == Int(sqlite3_bind_parameter_count(handle)) else {
-            throw DatabaseError(message: "\(binder.values.count) values for \(sqlite3_bind_parameter_count(handle)) parameters",
+        guard slots.count == Int(sqlite3_bind_parameter_count(handle)) else {
+            throw DatabaseError(message: "\(slots.count) values for \(sqlite3_bind_parameter_count(handle)) parameters",
                                 sql: statement.sql)
         }
-        var bytes = 0
-        for case .text(let text) in binder.values { bytes += text.utf8.count }
-        return try withUnsafeTemporaryAllocation(of: UInt8.self, capacity: max(bytes, 1)) { scratch in
+        // One spare byte, so that even an empty text has an address (SQLite binds NULL for a
+        // null pointer) and the buffer is never the empty array's shared storage.
+        bytes.append(0)
+        let slots = self.slots
+        return try bytes.withUnsafeBufferPointer { buffer in
+            let base = buffer.baseAddress!
             sqlite3_reset(handle)
-            // Before the scratch buffer goes, whatever happens: no step runs on it, and no
-            // binding points into it.
+            // Before the buffer may move or be reused, whatever happens: no step runs on it, and
+            // no binding points into it.
             defer {
                 sqlite3_reset(handle)
                 sqlite3_clear_bindings(handle)
             }
-            var offset = 0
-            for (index, value) in binder.values.enumerated() {
+            for (index, slot) in slots.enumerated() {
                 let position = Int32(index + 1)
-                let code: Int32
-                switch value {
-                case .text(var text):
-                    let start = scratch.baseAddress! + offset
-                    let count = text.withUTF8 { utf8 in
-                        if let base = utf8.baseAddress { start.update(from: base, count: utf8.count) }
-                        return utf8.count
-                    }
-                    offset += count
-                    // A non-null pointer even for an empty string: SQLite binds NULL for a null one.
-                    code = sqlite3_bind_text(handle, position, start, Int32(count), nil)
-                case .null: code = sqlite3_bind_null(handle, position)
-                case .double(let number): code = sqlite3_bind_double(handle, position, number)
+                let code: Int32 = switch slot {
+                case .text(let start, let count): sqlite3_bind_text(handle, position, base + start, Int32(count), nil)
+                case .null: sqlite3_bind_null(handle, position)
+                case .double(let number): sqlite3_bind_double(handle, position, number)
                 }
-                if code != SQLITE_OK { throw error(code, db, statement) }
+                if code != SQLITE_OK { throw Self.error(code, db, statement) }
             }
             var code = sqlite3_step(handle)
             while code == SQLITE_ROW { code = sqlite3_step(handle) }
-            guard code == SQLITE_DONE else { throw error(code, db, statement) }
+            guard code == SQLITE_DONE else { throw Self.error(code, db, statement) }
             return Int(sqlite3_changes(db.sqliteConnection))
         }
     }
@@ -72,9 +74,39 @@ struct SQLiteBinder {
         return DatabaseError(resultCode: ResultCode(rawValue: code), message: message, sql: statement.sql)
     }
 
-    mutating func text(_ value: String) { values.append(.text(value)) }
+    mutating func text(_ value: String) {
+        let start = bytes.count
+        var value = value
+        value.withUTF8 { bytes.append(contentsOf: $0) }
+        slots.append(.text(start: start, count: bytes.count - start))
+    }
 
-    mutating func text(_ value: String?) { values.append(value.map { .text($0) } ?? .null) }
+    mutating func text(_ value: String?) {
+        if let value { text(value) } else { slots.append(.null) }
+    }
 
-    mutating func double(_ value: Double) { values.append(.double(value)) }
+    mutating func double(_ value: Double) { slots.append(.double(value)) }
+
+    /// A JSON array of strings (event type URIs, step names) as one text, written in place.
+    mutating func jsonArray(_ items: [String]) {
+        let start = bytes.count
+        writeJSONArray(items, to: &bytes)
+        slots.append(.text(start: start, count: bytes.count - start))
+    }
+}
+
+/// A JSON array of strings (event type URIs, step names).
+func jsonArray(_ items: [String]) -> String {
+    var bytes: [UInt8] = []
+    writeJSONArray(items, to: &bytes)
+    return String(decoding: bytes, as: UTF8.self)
+}
+
+func writeJSONArray(_ items: [String], to bytes: inout [UInt8]) {
+    bytes.append(UInt8(ascii: "["))
+    for (i, item) in items.enumerated() {
+        if i > 0 { bytes.append(UInt8(ascii: ",")) }
+        JSONValue.writeString(item, to: &bytes)
+    }
+    bytes.append(UInt8(ascii: "]"))
 }

@@ -1,5 +1,6 @@
 import Foundation
 internal import GRDB
+internal import GRDBSQLite
 import Synchronization
 
 /// The ledger in one SQLite file (WAL mode, `synchronous=FULL`: a recorded outcome survives a
@@ -111,61 +112,81 @@ public final class SQLiteLedger: Ledger {
     }
 
     public func claim(_ event: LedgerEvent, outcome: EventOutcome, steps: [OutboxStep]) async throws(LedgerError) -> Claim {
-        try await writer.submit { db in try Self.claim(event, outcome: outcome, steps: steps, in: db) }
+        try await writer.submit { db in
+            var writer = try EventWriter(db)
+            return try writer.claim(event, outcome: outcome, steps: steps)
+        }
     }
 
     public func record(_ entries: [LedgerEntry]) async throws(LedgerError) -> [Claim?] {
         try await writer.submit { db in
-            try entries.map { entry -> Claim? in
+            var writer = try EventWriter(db)
+            var claims: [Claim?] = []
+            claims.reserveCapacity(entries.count)
+            for entry in entries {
                 switch entry {
-                case .event(let event, let outcome, let steps): return try Self.claim(event, outcome: outcome, steps: steps, in: db)
+                case .event(let event, let outcome, let steps): claims.append(try writer.claim(event, outcome: outcome, steps: steps))
                 case .rejection(let rejection):
                     try Self.insert(rejection, in: db)
-                    return nil
+                    claims.append(nil)
                 }
             }
+            return claims
         }
     }
 
-    private static func claim(_ event: LedgerEvent, outcome: EventOutcome, steps: [OutboxStep], in db: Database) throws -> Claim {
-        let insert = try db.cachedStatement(sql: """
-            INSERT INTO events (issuer, jti, token, source, event_types, subject, key_id, algorithm,
-                                key_thumbprint, issued_at, received_at, outcome, steps, updated_at)
-            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-            ON CONFLICT (issuer, jti) DO NOTHING
-            """)
-        let inserted = try SQLiteBinder.execute(insert, in: db) {
-            $0.text(event.issuer)
-            $0.text(event.jti)
-            $0.text(event.token)
-            $0.text(event.source)
-            $0.text(jsonArray(event.eventTypes))
-            $0.text(event.subject)
-            $0.text(event.keyID)
-            $0.text(event.algorithm)
-            $0.text(event.keyThumbprint)
-            $0.double(event.issuedAt)
-            $0.double(event.receivedAt)
-            $0.text(outcome.rawValue)
-            $0.text(jsonArray(steps.map(\.kind)))
-            $0.double(event.receivedAt)
+    /// Claims events within one write: the insert statement looked up once, and one binder
+    /// (with its buffer) for every row.
+    private struct EventWriter {
+        let db: Database
+        let insert: Statement
+        var binder = SQLiteBinder()
+
+        init(_ db: Database) throws {
+            self.db = db
+            insert = try db.cachedStatement(sql: """
+                INSERT INTO events (issuer, jti, token, source, event_types, subject, key_id, algorithm,
+                                    key_thumbprint, issued_at, received_at, outcome, steps, updated_at)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                ON CONFLICT (issuer, jti) DO NOTHING
+                """)
         }
-        if inserted == 1 {
-            let id = db.lastInsertedRowID
-            for step in steps {
-                try db.cachedStatement(sql: """
-                    INSERT INTO steps (event_id, idx, kind, action, status, detail, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)
-                    """).execute(arguments: [id, step.index, step.kind, step.action, step.status.rawValue, step.detail,
-                                             event.receivedAt])
+
+        mutating func claim(_ event: LedgerEvent, outcome: EventOutcome, steps: [OutboxStep]) throws -> Claim {
+            let inserted = try binder.execute(insert, in: db) {
+                $0.text(event.issuer)
+                $0.text(event.jti)
+                $0.text(event.token)
+                $0.text(event.source)
+                $0.jsonArray(event.eventTypes)
+                $0.text(event.subject)
+                $0.text(event.keyID)
+                $0.text(event.algorithm)
+                $0.text(event.keyThumbprint)
+                $0.double(event.issuedAt)
+                $0.double(event.receivedAt)
+                $0.text(outcome.rawValue)
+                $0.jsonArray(steps.map(\.kind))
+                $0.double(event.receivedAt)
             }
-            return .new(eventID: id)
+            if inserted == 1 {
+                // SQLite's own call: GRDB's property checks the dispatch queue on every read.
+                let id = sqlite3_last_insert_rowid(db.sqliteConnection)
+                for step in steps {
+                    try db.cachedStatement(sql: """
+                        INSERT INTO steps (event_id, idx, kind, action, status, detail, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)
+                        """).execute(arguments: [id, step.index, step.kind, step.action, step.status.rawValue, step.detail,
+                                                 event.receivedAt])
+                }
+                return .new(eventID: id)
+            }
+            let id = try Int64.fetchOne(db.cachedStatement(sql: "SELECT id FROM events WHERE issuer = ? AND jti = ?"),
+                                        arguments: [event.issuer, event.jti])!
+            // The event row records its first delivery; later ones are recorded as duplicates.
+            try db.cachedStatement(sql: "INSERT INTO deliveries (event_id, source, received_at, verdict) VALUES (?, ?, ?, 'duplicate')")
+                .execute(arguments: [id, event.source, event.receivedAt])
+            return .duplicate(eventID: id)
         }
-        let id = try Int64.fetchOne(db.cachedStatement(sql: "SELECT id FROM events WHERE issuer = ? AND jti = ?"),
-                                    arguments: [event.issuer, event.jti])!
-        // The event row records its first delivery; later ones are recorded as duplicates.
-        try db.cachedStatement(sql: "INSERT INTO deliveries (event_id, source, received_at, verdict) VALUES (?, ?, ?, 'duplicate')")
-            .execute(arguments: [id, event.source, event.receivedAt])
-        return .duplicate(eventID: id)
     }
 
     private static func insert(_ rejection: Rejection, in db: Database) throws {
@@ -320,30 +341,6 @@ public struct StoredDelivery: Sendable, Equatable {
     public var verdict: String
     public var errorCode: String?
     public var errorDescription: String?
-}
-
-/// A JSON array of strings (event type URIs, step names).
-func jsonArray(_ items: [String]) -> String {
-    if items.isEmpty { return "[]" }
-    var out = "["
-    for (i, item) in items.enumerated() {
-        if i > 0 { out += "," }
-        out += "\""
-        if item.utf8.allSatisfy({ $0 >= 0x20 && $0 != 0x22 && $0 != 0x5C }) {
-            out += item  // nothing to escape (the usual case)
-        } else {
-            for scalar in item.unicodeScalars {
-                switch scalar {
-                case "\"": out += "\\\""
-                case "\\": out += "\\\\"
-                case _ where scalar.value < 0x20: out += String(format: "\\u%04x", scalar.value)
-                default: out.unicodeScalars.append(scalar)
-                }
-            }
-        }
-        out += "\""
-    }
-    return out + "]"
 }
 
 /// Groups writes from concurrent callers into shared transactions, on a thread of its own.

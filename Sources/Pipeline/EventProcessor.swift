@@ -283,6 +283,9 @@ public struct EventProcessor: Sendable {
             return Recorded(dispositions: dispositions, work: [])
         }
         var work: [Work] = []
+        // Outcomes counted here and added to the metrics once per batch.
+        var outcomes = OutcomeCounts()
+        defer { outcomes.report(to: metrics) }
         for i in prepared.verdicts.indices {
             let message = batch[i]
             switch (prepared.verdicts[i], claims[i]) {
@@ -299,7 +302,7 @@ public struct EventProcessor: Sendable {
                 guard case .event(_, _, let steps) = prepared.entries[i] else { preconditionFailure("entries follow verdicts") }
                 let outcome: EventOutcome = event.plan.isUnresolved ? .unresolved : .processed
                 if steps.isEmpty {
-                    metrics.outcome(outcome.rawValue)
+                    outcomes.add(outcome.rawValue)
                     logger.info("event recorded", metadata: metadata(event.token, message, eventID: id))
                     dispositions[i] = .recorded(eventID: id, outcome: outcome)
                 } else {
@@ -308,7 +311,7 @@ public struct EventProcessor: Sendable {
                                      context: StepContext(token: event.token, user: event.user), message: message))
                 }
             case (.valid(let event), .duplicate(let id)?):
-                metrics.outcome("duplicate")
+                outcomes.add("duplicate")
                 logger.info("duplicate event", metadata: metadata(event.token, message, eventID: id))
                 // A crash may have left this event's steps part-done: what is still pending runs
                 // when its turn in the subject's lane comes (read from the outbox then).
@@ -317,7 +320,7 @@ public struct EventProcessor: Sendable {
                                  outcomeIfDone: event.plan.isUnresolved ? .unresolved : .processed,
                                  context: StepContext(token: event.token, user: event.user), message: message))
             case (.invalid(let code, let description), _):
-                metrics.outcome("invalid")
+                outcomes.add("invalid")
                 logger.warning("invalid token dead-lettered", metadata: [
                     "warden.source": "\(message.source)", "warden.err": "\(code)", "warden.reason": "\(description)",
                     "warden.token": "\(TokenDigest.short(message.value))",
@@ -571,6 +574,19 @@ enum TokenDigest {
         var hash: UInt64 = 0xcbf2_9ce4_8422_2325
         for b in bytes { hash = (hash ^ UInt64(b)) &* 0x100_0000_01b3 }
         return "fnv1a:" + String(hash, radix: 16) + " (\(bytes.count) bytes)"
+    }
+}
+
+/// How many events of a batch ended with each outcome (a handful of distinct ones).
+struct OutcomeCounts {
+    private var counts: [(outcome: String, count: Int)] = []
+
+    mutating func add(_ outcome: String) {
+        if let i = counts.firstIndex(where: { $0.outcome == outcome }) { counts[i].count += 1 } else { counts.append((outcome, 1)) }
+    }
+
+    func report(to metrics: WardenMetrics) {
+        for (outcome, count) in counts { metrics.outcome(outcome, count: count) }
     }
 }
 

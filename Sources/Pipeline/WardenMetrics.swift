@@ -34,7 +34,9 @@ public final class WardenMetrics: Sendable {
     func received(source: String, count: Int = 1) {
         (source == "kafka" ? receivedFromKafka : counter("warden_events_received_total", [("source", source)])).increment(by: count)
     }
-    func outcome(_ outcome: String) { (outcomes[outcome] ?? counter("warden_events_total", [("outcome", outcome)])).increment() }
+    func outcome(_ outcome: String, count: Int = 1) {
+        (outcomes[outcome] ?? counter("warden_events_total", [("outcome", outcome)])).increment(by: count)
+    }
     func verifyFailure(_ code: String) { counter("warden_verify_failures_total", [("err", code)]).increment() }
     func deadLettered() { deadLetters.increment() }
     func step(kind: String, result: String) { counter("warden_steps_total", [("kind", kind), ("result", result)]).increment() }

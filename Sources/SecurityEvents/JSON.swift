@@ -459,63 +459,68 @@ public enum JSONParser {
 extension JSONValue {
     /// Compact JSON text. Integral numbers within ±2^53 are written without a fraction.
     public var jsonText: String {
-        var out = ""
+        var out: [UInt8] = []
         out.reserveCapacity(64)
         write(to: &out)
-        return out
+        return String(decoding: out, as: UTF8.self)
     }
 
-    public func write(to out: inout String) {
+    /// Appends the compact JSON text as UTF-8.
+    public func write(to out: inout [UInt8]) {
         switch self {
-        case .null: out += "null"
-        case .bool(let b): out += b ? "true" : "false"
+        case .null: out += "null".utf8
+        case .bool(let b): out += (b ? "true" : "false").utf8
         case .number(let n):
             if n.rounded() == n, abs(n) < 9_007_199_254_740_992 {
-                out += String(Int64(n))
+                out += String(Int64(n)).utf8
             } else {
-                out += "\(n)"
+                out += "\(n)".utf8
             }
         case .string(let s): JSONValue.writeString(s, to: &out)
         case .array(let a):
-            out += "["
+            out.append(UInt8(ascii: "["))
             for (i, element) in a.enumerated() {
-                if i > 0 { out += "," }
+                if i > 0 { out.append(UInt8(ascii: ",")) }
                 element.write(to: &out)
             }
-            out += "]"
+            out.append(UInt8(ascii: "]"))
         case .object(let o):
-            out += "{"
+            out.append(UInt8(ascii: "{"))
             for (i, member) in o.members.enumerated() {
-                if i > 0 { out += "," }
+                if i > 0 { out.append(UInt8(ascii: ",")) }
                 JSONValue.writeString(member.name, to: &out)
-                out += ":"
+                out.append(UInt8(ascii: ":"))
                 member.value.write(to: &out)
             }
-            out += "}"
+            out.append(UInt8(ascii: "}"))
         }
     }
 
-    static func writeString(_ s: String, to out: inout String) {
-        out += "\""
-        // The usual case, nothing to escape: the string goes in whole.
-        if s.utf8.allSatisfy({ $0 >= 0x20 && $0 != 0x22 && $0 != 0x5C }) {
-            out += s
-            out += "\""
-            return
-        }
-        for scalar in s.unicodeScalars {
-            switch scalar {
-            case "\"": out += "\\\""
-            case "\\": out += "\\\\"
-            case "\n": out += "\\n"
-            case "\r": out += "\\r"
-            case "\t": out += "\\t"
-            case let c where c.value < 0x20:
-                let hex = String(c.value, radix: 16)
-                out += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
-            default: out.unicodeScalars.append(scalar)
+    /// Appends `s` as a JSON string: quotes, backslashes and control characters escaped.
+    public static func writeString(_ s: String, to out: inout [UInt8]) {
+        out.append(UInt8(ascii: "\""))
+        var s = s
+        s.withUTF8 { utf8 in
+            // The usual case, nothing to escape: the string goes in whole.
+            if utf8.allSatisfy({ $0 >= 0x20 && $0 != 0x22 && $0 != 0x5C }) {
+                out.append(contentsOf: utf8)
+                return
+            }
+            for byte in utf8 {
+                switch byte {
+                case UInt8(ascii: "\""): out += #"\""#.utf8
+                case UInt8(ascii: "\\"): out += #"\\"#.utf8
+                case UInt8(ascii: "\n"): out += #"\n"#.utf8
+                case UInt8(ascii: "\r"): out += #"\r"#.utf8
+                case UInt8(ascii: "\t"): out += #"\t"#.utf8
+                case ..<0x20:
+                    let hex = Array("0123456789abcdef".utf8)
+                    out += #"\u00"#.utf8
+                    out += [hex[Int(byte >> 4)], hex[Int(byte & 0xF)]]
+                default: out.append(byte)  // UTF-8 (valid: it is a Swift string) goes in as it is
+                }
             }
         }
-        out += "\""
+        out.append(UInt8(ascii: "\""))
     }
 }

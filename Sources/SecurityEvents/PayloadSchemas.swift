@@ -54,33 +54,34 @@ public enum PayloadSchemas {
 extension JSONValue {
     /// Indented JSON text (two spaces), for files people read.
     public var prettyText: String {
-        var out = ""
+        var out: [UInt8] = []
         writePretty(to: &out, indent: 0)
-        return out + "\n"
+        out.append(UInt8(ascii: "\n"))
+        return String(decoding: out, as: UTF8.self)
     }
 
-    private func writePretty(to out: inout String, indent: Int) {
+    private func writePretty(to out: inout [UInt8], indent: Int) {
         let pad = String(repeating: "  ", count: indent + 1)
         let closing = String(repeating: "  ", count: indent)
         switch self {
         case .array(let items) where !items.isEmpty && items.contains(where: { $0.objectValue != nil || $0.arrayValue != nil }):
-            out += "[\n"
+            out += "[\n".utf8
             for (i, item) in items.enumerated() {
-                out += pad
+                out += pad.utf8
                 item.writePretty(to: &out, indent: indent + 1)
-                out += i == items.count - 1 ? "\n" : ",\n"
+                out += (i == items.count - 1 ? "\n" : ",\n").utf8
             }
-            out += closing + "]"
+            out += (closing + "]").utf8
         case .object(let object) where !object.isEmpty:
-            out += "{\n"
+            out += "{\n".utf8
             for (i, member) in object.members.enumerated() {
-                out += pad
+                out += pad.utf8
                 JSONValue.writeString(member.name, to: &out)
-                out += ": "
+                out += ": ".utf8
                 member.value.writePretty(to: &out, indent: indent + 1)
-                out += i == object.count - 1 ? "\n" : ",\n"
+                out += (i == object.count - 1 ? "\n" : ",\n").utf8
             }
-            out += closing + "}"
+            out += (closing + "}").utf8
         default:
             write(to: &out)
         }

@@ -81,18 +81,18 @@ public enum SubjectIdentifier: Sendable, Hashable {
     /// The standard JSON form as compact text: the same text as `json.jsonText`, written
     /// directly for the single-member formats (the intake writes one for every event).
     public var jsonText: String {
-        var out = ""
+        var out: [UInt8] = []
         out.reserveCapacity(128)
         func simple(_ members: KeyValuePairs<String, String>) {
-            out += "{\"format\":"
+            out += #"{"format":"#.utf8
             JSONValue.writeString(format, to: &out)
             for (name, value) in members {
-                out += ",\""
-                out += name
-                out += "\":"
+                out.append(UInt8(ascii: ","))
+                JSONValue.writeString(name, to: &out)
+                out.append(UInt8(ascii: ":"))
                 JSONValue.writeString(value, to: &out)
             }
-            out += "}"
+            out.append(UInt8(ascii: "}"))
         }
         switch self {
         case .issSub(let iss, let sub): simple(["iss": iss, "sub": sub])
@@ -102,7 +102,7 @@ public enum SubjectIdentifier: Sendable, Hashable {
         case .account(let uri), .uri(let uri): simple(["uri": uri])
         default: json.write(to: &out)
         }
-        return out
+        return String(decoding: out, as: UTF8.self)
     }
 
     /// The standard JSON form.

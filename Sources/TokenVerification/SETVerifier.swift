@@ -28,7 +28,9 @@ public struct VerifiedSET: Sendable {
 /// (alg allow-list, no key material or URLs, no `crit`, no `zip`), issuer, key by `kid`,
 /// signature, then claims (`events`, `jti`, `iat`, `aud`, profile rules).
 public final class SETVerifier: Sendable {
-    public struct Issuer: Sendable {
+    /// A class: every verification picks one, and copying a policy would retain each of its
+    /// strings and arrays, shared by every verifying thread.
+    public final class Issuer: Sendable {
         public let policy: IssuerPolicy
         public let keys: IssuerKeyCache
         /// `policy.algorithms` as a bit mask.

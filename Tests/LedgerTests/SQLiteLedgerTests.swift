@@ -58,6 +58,33 @@ struct SQLiteLedgerTests {
         await ledger.close()
     }
 
+    @Test func rowsOfOneWriteKeepTheirOwnValues() async throws {
+        // One binder buffer serves every row of a write: each row must read back exactly its
+        // own values, whatever the lengths of the rows before it; event types are JSON arrays
+        // with quotes, backslashes and control characters escaped.
+        let ledger = try SQLiteLedger(path: Self.temporaryPath())
+        var long = Self.event(jti: String(repeating: "j", count: 300), source: "kafka:" + String(repeating: "s", count: 500))
+        long.eventTypes = ["urn:a", #"urn:"quoted"\back"#, "urn:tab\tnl\ncr\r\u{1}", "urn:é"]
+        var short = Self.event(jti: "s", source: "push")
+        short.eventTypes = []
+        let entries: [LedgerEntry] = [
+            .event(long, outcome: .pending, steps: [OutboxStep(index: 0, kind: "purge-set", action: "{}"),
+                                                    OutboxStep(index: 1, kind: "revoke-tokens", action: "{}")]),
+            .event(short, outcome: .processed, steps: []),
+            .event(Self.event(jti: "m"), outcome: .unresolved, steps: []),
+        ]
+        _ = try await ledger.record(entries)
+        let events = try ledger.events()
+        #expect(events.map(\.jti) == [long.jti, "s", "m"])
+        #expect(events.map(\.source) == [long.source, "push", "kafka:t/0/1"])
+        #expect(events.map(\.outcome) == ["pending", "processed", "unresolved"])
+        #expect(events.map(\.steps) == [#"["purge-set","revoke-tokens"]"#, "[]", "[]"])
+        let types = try events.map { try JSONSerialization.jsonObject(with: Data($0.eventTypes.utf8)) as? [String] }
+        #expect(types == [long.eventTypes, [], Self.event(jti: "m").eventTypes])
+        #expect(events[0].eventTypes.contains(#"\u0001"#))
+        await ledger.close()
+    }
+
     @Test func concurrentClaimsOfOneJTIYieldExactlyOneNew() async throws {
         let ledger = try SQLiteLedger(path: Self.temporaryPath())
         let results = await withTaskGroup(of: Claim?.self) { group in
