@@ -3,12 +3,17 @@
 # Usage: Benchmarks/pipeline.sh BIN_DIR [TOKENS] [redis]
 # This machine's speed drifts by ±15% from one minute to the next (openssl speed itself gives
 # 86k-103k), so the run is made RUNS times (default 3), each right after its own openssl
-# measurement, and the median of the ratios is reported with every figure.
+# measurement, and the median of the ratios is reported with every figure. The tokens are
+# minted by the first run and reused by the others (BENCH_TOKENS_DIR).
 set -euo pipefail
 bin=$1
 tokens=${2:-64000}
 runs=${RUNS:-3}
 ratios=()
+if [ -z "${BENCH_TOKENS_DIR:-}" ]; then
+    export BENCH_TOKENS_DIR=$(mktemp -d)
+    trap 'rm -rf "$BENCH_TOKENS_DIR"' EXIT
+fi
 for run in $(seq "$runs"); do
     echo "--- run $run of $runs"
     limit=$(openssl speed -multi 2 -seconds 3 rsa2048 2>/dev/null | awk '/^rsa 2048 bits/ {print $NF}')

@@ -2,9 +2,10 @@
 // cluster, over TCP) → verify (RS256) → ledger claim and record (SQLite) → offset commit, with
 // no actions beyond recording. Beside it: verification alone on one core, and the machine's
 // two-core RSA verify limit from `openssl speed -multi 2 rsa2048` (passed in by the script).
-// Run: `make bench-pipeline`. With `redis` as third argument (`make bench-engine`) every event
-// also acts: the built-in policy purges the user's session set on a real redis-server (each of
-// the users holds two sessions), and the time runs until every event's step is done.
+// Run: `make bench-pipeline` (three runs, RUNS=n to change; see Benchmarks/pipeline.sh). With `redis`
+// as third argument (`make bench-engine`) every event also acts: the built-in policy purges the
+// user's session set on a real redis-server (each of the users holds two sessions), and the
+// time runs until every event's step is done.
 // Arguments: [tokens] [two-core openssl verify/s] [redis].
 import Foundation
 import Kafka
@@ -17,7 +18,7 @@ import WardenTestSupport
 
 let arguments = CommandLine.arguments
 let count = arguments.count > 1 ? Int(arguments[1]) ?? 64_000 : 64_000
-let limit = arguments.count > 2 ? Double(arguments[2]) : nil
+let limit = arguments.count > 2 ? Double(arguments[2]).flatMap { $0 > 0 ? $0 : nil } : nil
 let withRedis = arguments.count > 3 && arguments[3] == "redis"
 // The mock cluster keeps ~5 MiB per partition: 16 partitions hold 64k tokens of ~830 bytes.
 let partitions = max(16, count / 4000)
@@ -29,27 +30,46 @@ let logger: Logger = {
     return logger
 }()
 
-// Tokens: each with its own jti, 5,000 subjects, signed on both cores.
-let key = try SigningKey.rsa(keyID: "bench-key", algorithm: "RS256", bits: 2048)
-let signingStarted = Date()
+// Tokens: each with its own jti, 5,000 subjects, signed on both cores. With BENCH_TOKENS_DIR,
+// the tokens and their JWKS are kept there and reused by later runs of the same size (minting
+// takes longer than the runs themselves).
 final class TokenStore: @unchecked Sendable {
     // `@unchecked Sendable`: each index is written by exactly one concurrentPerform iteration.
     var lines = [String](repeating: "", count: count)
 }
 let store = TokenStore()
-DispatchQueue.concurrentPerform(iterations: 2) { worker in
-    for i in stride(from: worker, to: count, by: 2) {
-        // With Redis, one user per event, so every purge has sessions to delete.
-        let subject = withRedis ? "user-\(i)" : "user-\(i % 5000)"
-        let claims = SETMinter.riscClaims(issuer: issuer, audience: audience, event: .sessionsRevoked, subject: subject,
-                                          jti: "bench-\(i)")
-        store.lines[i] = subject + "\t" + (try! SETMinter.token(claims: claims, key: key))
+let cacheDirectory = ProcessInfo.processInfo.environment["BENCH_TOKENS_DIR"].map { URL(fileURLWithPath: $0) }
+let cachedTokens = cacheDirectory?.appendingPathComponent("tokens-\(count)\(withRedis ? "-redis" : "").tsv")
+let cachedJWKS = cacheDirectory?.appendingPathComponent("jwks-\(count)\(withRedis ? "-redis" : "").json")
+let jwks: String
+if let cachedTokens, let cachedJWKS, let lines = try? String(contentsOf: cachedTokens, encoding: .utf8),
+   let document = try? String(contentsOf: cachedJWKS, encoding: .utf8) {
+    store.lines = lines.split(separator: "\n").map(String.init)
+    guard store.lines.count == count else { fatalError("\(cachedTokens.path) holds \(store.lines.count) tokens, not \(count)") }
+    jwks = document
+    print("reusing \(count) RS256 SETs minted earlier (\(cachedTokens.path))")
+} else {
+    let key = try SigningKey.rsa(keyID: "bench-key", algorithm: "RS256", bits: 2048)
+    let signingStarted = Date()
+    DispatchQueue.concurrentPerform(iterations: 2) { worker in
+        for i in stride(from: worker, to: count, by: 2) {
+            // With Redis, one user per event, so every purge has sessions to delete.
+            let subject = withRedis ? "user-\(i)" : "user-\(i % 5000)"
+            let claims = SETMinter.riscClaims(issuer: issuer, audience: audience, event: .sessionsRevoked, subject: subject,
+                                              jti: "bench-\(i)")
+            store.lines[i] = subject + "\t" + (try! SETMinter.token(claims: claims, key: key))
+        }
+    }
+    print("minted \(count) RS256 SETs in \(String(format: "%.0f", Date().timeIntervalSince(signingStarted))) s")
+    jwks = SETMinter.jwks([key])
+    if let cachedTokens, let cachedJWKS {
+        try FileManager.default.createDirectory(at: cachedTokens.deletingLastPathComponent(), withIntermediateDirectories: true)
+        try (store.lines.joined(separator: "\n") + "\n").write(to: cachedTokens, atomically: true, encoding: .utf8)
+        try jwks.write(to: cachedJWKS, atomically: true, encoding: .utf8)
     }
 }
-print("minted \(count) RS256 SETs in \(String(format: "%.0f", Date().timeIntervalSince(signingStarted))) s")
 
 // Verification alone, one core, on these tokens.
-let jwks = SETMinter.jwks([key])
 let policy = IssuerPolicy(issuer: issuer, keySource: .pinned(document: Array(jwks.utf8), origin: "bench"),
                           audiences: [audience], algorithms: [.rs256], profile: .risc)
 let cache = IssuerKeyCache(issuer: issuer, source: policy.keySource, settings: policy.keyCache, fetcher: OfflineKeyFetcher(reason: "the benchmark uses pinned keys"), logger: logger)
@@ -299,28 +319,30 @@ if let compare = ProcessInfo.processInfo.environment["BENCH_COMPARE"] {
     exit(0)
 }
 
-// Run the worker; time from its first recorded event to its last.
-let result = try await runWorker(wardenPath, run: 0)
-let rate = result.rate
-if let redis {
-    print("warden run end to end (Kafka → verify → SQLite ledger with outbox → Redis purge-set → step recorded → commit), \(count) SETs, \(partitions) partitions: \(Int(rate)) SETs/s")
-    print("redis-server keys left after the run: \(try await redis.cli(["DBSIZE"])) (0 = every session purged)")
-} else {
-    print("warden run end to end (Kafka → verify → SQLite ledger → commit), \(count) SETs, \(partitions) partitions: \(Int(rate)) SETs/s")
-}
-if let cpu = result.cpuPerEvent {
-    print("worker CPU time per event (whole run, start-up included): \(Int(cpu * 1e6)) µs; verification alone: \(Int(1e6 / verifyRate)) µs")
-}
-if let cpu = result.clusterCPUPerEvent {
-    print("mock cluster serving the worker (this process, same cores): \(Int(cpu * 1e6)) µs of CPU per event")
-}
-if let idle = result.idle {
-    print("machine idle from the first recorded event to the last: \(Int(100 * idle))%")
-}
-print("verification alone, one core: \(Int(verifyRate)) SETs/s")
-print("twice that (two cores of verification alone): \(Int(2 * verifyRate)) /s; end to end is \(String(format: "%.2f", rate / (2 * verifyRate))) of it")
-if let limit {
-    print("two-core RSA-2048 verify limit (openssl speed -multi 2): \(Int(limit)) /s; end to end is \(String(format: "%.2f", rate / limit)) of it\(withRedis ? "" : " (goal ≥ 0.5)")")
+// The run: a fresh consumer group reading the whole topic into a fresh ledger.
+do {
+    let runLimit = limit
+    let result = try await runWorker(wardenPath, run: 0)
+    let rate = result.rate
+    if let redis {
+        print("warden run end to end (Kafka → verify → SQLite ledger with outbox → Redis purge-set → step recorded → commit), \(count) SETs, \(partitions) partitions: \(Int(rate)) SETs/s")
+        print("redis-server keys left after the run: \(try await redis.cli(["DBSIZE"])) (0 = every session purged)")
+    } else {
+        print("warden run end to end (Kafka → verify → SQLite ledger → commit), \(count) SETs, \(partitions) partitions: \(Int(rate)) SETs/s")
+    }
+    if let cpu = result.cpuPerEvent {
+        print("worker CPU time per event (whole run, start-up included): \(Int(cpu * 1e6)) µs; verification alone: \(Int(1e6 / verifyRate)) µs")
+    }
+    if let cpu = result.clusterCPUPerEvent {
+        print("mock cluster serving the worker (this process, same cores): \(Int(cpu * 1e6)) µs of CPU per event")
+    }
+    if let idle = result.idle {
+        print("machine idle from the first recorded event to the last: \(Int(100 * idle))%")
+    }
+    print("verification alone, one core: \(Int(verifyRate)) SETs/s; end to end is \(String(format: "%.2f", rate / (2 * verifyRate))) of twice that")
+    if let runLimit {
+        print("two-core RSA-2048 verify limit (openssl speed -multi 2): \(Int(runLimit)) /s; end to end is \(String(format: "%.2f", rate / runLimit)) of it\(withRedis ? "" : " (goal ≥ 0.5)")")
+    }
 }
 // Globals are never released: stop the server here rather than leave it running.
 await redis?.stop()
