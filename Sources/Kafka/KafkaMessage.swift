@@ -26,7 +26,7 @@ public struct KafkaMessage: Sendable {
     }
 
     /// `topic/partition/offset`, the message's address.
-    public var address: String { "\(topic)/\(partition)/\(offset)" }
+    public var address: String { topic + "/" + String(partition) + "/" + String(offset) }
 }
 
 public struct KafkaHeader: Sendable, Equatable {

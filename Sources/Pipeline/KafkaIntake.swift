@@ -68,7 +68,7 @@ public final class KafkaIntake: Service {
                     let recorded = await processor.record(prepared, intake)
                     // Finished out of order is fine: the commit point stops at the first
                     // message not finished (an abandoned one is never finished).
-                    consumer.finished(zip(messages, recorded.dispositions).filter {
+                    consumer.finished(zip(messages, recorded.dispositions).lazy.filter {
                         if let d = $0.1 { d != .abandoned } else { false }
                     }.map(\.0))
                     for work in recorded.work {
@@ -97,7 +97,7 @@ public final class KafkaIntake: Service {
                 for await batch in consumer.batches {
                     metrics.received(source: "kafka", count: batch.count)
                     let receivedAt = Date().timeIntervalSince1970
-                    let intake = batch.map { IntakeMessage(value: $0.value, source: "kafka:\($0.address)", receivedAt: receivedAt) }
+                    let intake = batch.map { IntakeMessage(value: $0.value, source: "kafka:" + $0.address, receivedAt: receivedAt) }
                     await checkedQueue.push(CheckedBatch(messages: batch, intake: intake, checked: await processor.check(intake)))
                 }
                 checkedQueue.close()
