@@ -26,7 +26,19 @@ public struct KafkaMessage: Sendable {
     }
 
     /// `topic/partition/offset`, the message's address.
-    public var address: String { topic + "/" + String(partition) + "/" + String(offset) }
+    public var address: String { address(prefix: "") }
+
+    /// `prefix` followed by the address, built in one string.
+    public func address(prefix: String) -> String {
+        var text = prefix
+        text.reserveCapacity(prefix.utf8.count + topic.utf8.count + 24)
+        text += topic
+        text += "/"
+        text += String(partition)
+        text += "/"
+        text += String(offset)
+        return text
+    }
 }
 
 public struct KafkaHeader: Sendable, Equatable {

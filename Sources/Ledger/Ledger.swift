@@ -65,8 +65,15 @@ public enum StepStatus: String, Sendable, CaseIterable {
 public struct LedgerEvent: Sendable, Equatable {
     public var issuer: String
     public var jti: String
-    /// The compact SET as received, so it can be verified again later.
-    public var token: String
+    /// The compact SET as received (ASCII, as every verified compact JWS is), so it can be
+    /// verified again later. Kept as the message's own bytes: the intake hands them over
+    /// without making a string of them.
+    public var tokenBytes: [UInt8]
+    /// `tokenBytes` as text.
+    public var token: String {
+        get { String(decoding: tokenBytes, as: UTF8.self) }
+        set { tokenBytes = Array(newValue.utf8) }
+    }
     /// Where it came from: `kafka:topic/partition/offset`, `push`, …
     public var source: String
     public var eventTypes: [String]
@@ -80,9 +87,16 @@ public struct LedgerEvent: Sendable, Equatable {
 
     public init(issuer: String, jti: String, token: String, source: String, eventTypes: [String], subject: String?,
                 keyID: String, algorithm: String, keyThumbprint: String, issuedAt: Double, receivedAt: Double) {
+        self.init(issuer: issuer, jti: jti, tokenBytes: Array(token.utf8), source: source, eventTypes: eventTypes,
+                  subject: subject, keyID: keyID, algorithm: algorithm, keyThumbprint: keyThumbprint, issuedAt: issuedAt,
+                  receivedAt: receivedAt)
+    }
+
+    public init(issuer: String, jti: String, tokenBytes: [UInt8], source: String, eventTypes: [String], subject: String?,
+                keyID: String, algorithm: String, keyThumbprint: String, issuedAt: Double, receivedAt: Double) {
         self.issuer = issuer
         self.jti = jti
-        self.token = token
+        self.tokenBytes = tokenBytes
         self.source = source
         self.eventTypes = eventTypes
         self.subject = subject

@@ -262,9 +262,11 @@ public final class PostgresLedger: Ledger {
         try await transaction("read events") { connection in
             var events: [StoredEvent] = []
             let rows = try await connection.query(
-                "SELECT id, issuer, jti, source, event_types, outcome, steps FROM events ORDER BY id", logger: self.logger)
-            for try await (id, issuer, jti, source, types, outcome, steps) in rows.decode((Int64, String, String, String, String, String, String).self) {
-                events.append(StoredEvent(id: id, issuer: issuer, jti: jti, source: source, eventTypes: types, outcome: outcome, steps: steps))
+                "SELECT id, issuer, jti, token, source, event_types, outcome, steps FROM events ORDER BY id", logger: self.logger)
+            for try await (id, issuer, jti, token, source, types, outcome, steps)
+                in rows.decode((Int64, String, String, String, String, String, String, String).self) {
+                events.append(StoredEvent(id: id, issuer: issuer, jti: jti, token: token, source: source, eventTypes: types,
+                                          outcome: outcome, steps: steps))
             }
             return events
         }

@@ -81,6 +81,13 @@ struct SQLiteBinder {
         slots.append(.text(start: start, count: bytes.count - start))
     }
 
+    /// A text given as its UTF-8 bytes (valid UTF-8: the caller's guarantee).
+    mutating func text(utf8 value: [UInt8]) {
+        let start = bytes.count
+        bytes.append(contentsOf: value)
+        slots.append(.text(start: start, count: value.count))
+    }
+
     mutating func text(_ value: String?) {
         if let value { text(value) } else { slots.append(.null) }
     }

@@ -157,7 +157,7 @@ public final class SQLiteLedger: Ledger {
             let inserted = try binder.execute(insert, in: db) {
                 $0.text(event.issuer)
                 $0.text(event.jti)
-                $0.text(event.token)
+                $0.text(utf8: event.tokenBytes)
                 $0.text(event.source)
                 $0.jsonArray(event.eventTypes)
                 $0.text(event.subject)
@@ -285,8 +285,8 @@ public struct SQLiteLedgerReader: Sendable {
 
     static func events(_ database: DatabaseQueue) throws(LedgerError) -> [StoredEvent] {
         try read(database) { db in
-            try Row.fetchAll(db, sql: "SELECT id, issuer, jti, source, event_types, outcome, steps FROM events ORDER BY id").map {
-                StoredEvent(id: $0["id"], issuer: $0["issuer"], jti: $0["jti"], source: $0["source"],
+            try Row.fetchAll(db, sql: "SELECT id, issuer, jti, token, source, event_types, outcome, steps FROM events ORDER BY id").map {
+                StoredEvent(id: $0["id"], issuer: $0["issuer"], jti: $0["jti"], token: $0["token"], source: $0["source"],
                             eventTypes: $0["event_types"], outcome: $0["outcome"], steps: $0["steps"])
             }
         }
@@ -327,6 +327,8 @@ public struct StoredEvent: Sendable, Equatable {
     public var id: Int64
     public var issuer: String
     public var jti: String
+    /// The compact SET as received (less surrounding whitespace).
+    public var token: String
     public var source: String
     /// JSON array text.
     public var eventTypes: String

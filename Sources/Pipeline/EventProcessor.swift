@@ -523,8 +523,11 @@ public struct EventProcessor: Sendable {
 
     private func ledgerEvent(_ verified: VerifiedSET, _ message: IntakeMessage) -> LedgerEvent {
         let token = verified.token
+        // The verified token is the message value less surrounding whitespace (usually none:
+        // then the value itself is shared, not copied). It verified, so it is ASCII.
+        let trimmed = trimmedASCIIWhitespace(message.value)
         return LedgerEvent(
-            issuer: token.issuer, jti: token.jti, token: String(decoding: trimmedASCIIWhitespace(message.value), as: UTF8.self),
+            issuer: token.issuer, jti: token.jti, tokenBytes: trimmed.count == message.value.count ? message.value : Array(trimmed),
             source: message.source, eventTypes: token.events.map(\.type.uri),
             subject: token.primarySubject.map { $0.jsonText }, keyID: verified.header.keyID,
             algorithm: verified.header.algorithm.rawValue, keyThumbprint: verified.keyThumbprint,

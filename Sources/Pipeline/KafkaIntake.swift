@@ -97,7 +97,7 @@ public final class KafkaIntake: Service {
                 for await batch in consumer.batches {
                     metrics.received(source: "kafka", count: batch.count)
                     let receivedAt = Date().timeIntervalSince1970
-                    let intake = batch.map { IntakeMessage(value: $0.value, source: "kafka:" + $0.address, receivedAt: receivedAt) }
+                    let intake = batch.map { IntakeMessage(value: $0.value, source: $0.address(prefix: "kafka:"), receivedAt: receivedAt) }
                     await checkedQueue.push(CheckedBatch(messages: batch, intake: intake, checked: await processor.check(intake)))
                 }
                 checkedQueue.close()

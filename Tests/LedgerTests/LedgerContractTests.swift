@@ -90,6 +90,7 @@ struct LedgerContractTests {
         }
         let reopened = try await storage.open()
         #expect(try await reopened.events().map(\.outcome) == ["pending", "processed"])
+        #expect(try await reopened.events().map(\.token) == [E.event(jti: "b1").token, E.event(jti: "b2").token])
         #expect(try await reopened.deliveries().map(\.verdict) == ["invalid", "duplicate"])
         #expect(try await reopened.deliveries().first?.errorCode == "invalid_key")
         if case .new = try await reopened.claim(E.event(jti: "b2"), outcome: .pending, steps: []) { Issue.record("a claim was lost") }

@@ -64,6 +64,7 @@ struct SQLiteLedgerTests {
         // with quotes, backslashes and control characters escaped.
         let ledger = try SQLiteLedger(path: Self.temporaryPath())
         var long = Self.event(jti: String(repeating: "j", count: 300), source: "kafka:" + String(repeating: "s", count: 500))
+        long.token = String(repeating: "t", count: 2000) + ".p.s"
         long.eventTypes = ["urn:a", #"urn:"quoted"\back"#, "urn:tab\tnl\ncr\r\u{1}", "urn:é"]
         var short = Self.event(jti: "s", source: "push")
         short.eventTypes = []
@@ -77,6 +78,7 @@ struct SQLiteLedgerTests {
         let events = try ledger.events()
         #expect(events.map(\.jti) == [long.jti, "s", "m"])
         #expect(events.map(\.source) == [long.source, "push", "kafka:t/0/1"])
+        #expect(events.map(\.token) == [long.token, short.token, "h.p.s"])
         #expect(events.map(\.outcome) == ["pending", "processed", "unresolved"])
         #expect(events.map(\.steps) == [#"["purge-set","revoke-tokens"]"#, "[]", "[]"])
         let types = try events.map { try JSONSerialization.jsonObject(with: Data($0.eventTypes.utf8)) as? [String] }

@@ -130,6 +130,8 @@ struct WorkerTests {
 
         var messages: [(key: String, value: String)] = []
         for i in 0..<30 { messages.append(("user-\(i % 7)", try Self.token(subject: "user-\(i % 7)"))) }
+        let recorded = Set(messages.map(\.value))
+        messages[5].value = " " + messages[5].value + "  "  // whitespace around a token is not part of it
         messages.append(messages[3])  // the same SET delivered twice
         let forged = try Self.token(subject: "user-1", key: Self.impostor)
         messages.append(("user-1", forged))
@@ -143,6 +145,8 @@ struct WorkerTests {
         let events = try ledger.events()
         #expect(events.count == 30)
         #expect(Set(events.map(\.jti)).count == 30)
+        // Each event keeps its token exactly as it was verified, to be verified again later.
+        #expect(Set(events.map(\.token)) == recorded)
         #expect(events.allSatisfy { $0.outcome == "processed" && $0.source.hasPrefix("kafka:security-events/") })
         let deliveries = try ledger.deliveries()
         #expect(deliveries.count == 2)
