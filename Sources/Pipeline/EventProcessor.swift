@@ -260,7 +260,7 @@ public struct EventProcessor: Sendable {
                 // The event is claimed together with its outbox: the planned steps, all pending.
                 let steps = plan.steps.map { OutboxStep(index: $0.index, kind: $0.action.kind, action: Self.encode($0)) }
                 let outcome: EventOutcome = !steps.isEmpty ? .pending : plan.isUnresolved ? .unresolved : .processed
-                entries.append(.event(ledgerEvent(event.verified.set, message), outcome: outcome, steps: steps))
+                entries.append(.event(ledgerEvent(event.verified, message), outcome: outcome, steps: steps))
             case .invalid(let code, let description):
                 metrics.deadLettered()
                 entries.append(.rejection(Rejection(token: message.value, source: message.source, code: code,
@@ -521,17 +521,19 @@ public struct EventProcessor: Sendable {
         return result.map(Verified.init)
     }
 
-    private func ledgerEvent(_ verified: VerifiedSET, _ message: IntakeMessage) -> LedgerEvent {
-        let token = verified.token
+    /// The event's ledger record. Reads the verified token in place, through its reference:
+    /// a copy of the `VerifiedSET` would retain each of its strings and arrays.
+    private func ledgerEvent(_ verified: Verified, _ message: IntakeMessage) -> LedgerEvent {
         // The verified token is the message value less surrounding whitespace (usually none:
         // then the value itself is shared, not copied). It verified, so it is ASCII.
         let trimmed = trimmedASCIIWhitespace(message.value)
         return LedgerEvent(
-            issuer: token.issuer, jti: token.jti, tokenBytes: trimmed.count == message.value.count ? message.value : Array(trimmed),
-            source: message.source, eventTypes: token.events.map(\.type.uri),
-            subject: token.primarySubject.map { $0.jsonText }, keyID: verified.header.keyID,
-            algorithm: verified.header.algorithm.rawValue, keyThumbprint: verified.keyThumbprint,
-            issuedAt: token.issuedAt, receivedAt: message.receivedAt)
+            issuer: verified.set.token.issuer, jti: verified.set.token.jti,
+            tokenBytes: trimmed.count == message.value.count ? message.value : Array(trimmed),
+            source: message.source, eventTypes: verified.set.token.events.map(\.type.uri),
+            subject: verified.set.token.primarySubject.map { $0.jsonText }, keyID: verified.set.header.keyID,
+            algorithm: verified.set.header.algorithm.rawValue, keyThumbprint: verified.set.keyThumbprint,
+            issuedAt: verified.set.token.issuedAt, receivedAt: message.receivedAt)
     }
 
     /// Runs `body` until it succeeds, backing off between failures; nil when stopping first.
