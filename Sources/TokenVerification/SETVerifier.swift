@@ -145,11 +145,11 @@ public final class SETVerifier: Sendable {
         guard let issuer = issuers[iss] else {
             throw VerificationError(.unknownIssuer, "the issuer \(quoted(iss)) is not configured (configured: \(issuers.keys.sorted().map { quoted($0) }.joined(separator: ", ")))")
         }
-        let policy = issuer.policy
+        // The policy is read in place (a copy would retain each of its strings and arrays).
         guard issuer.algorithmMask & parsed.algorithm.bit != 0 else {
-            throw VerificationError(.unsupportedAlgorithm, "the algorithm \(parsed.algorithm.rawValue) is not allowed for issuer \(quoted(iss)) (allowed: \(policy.algorithms.sorted().map(\.rawValue).joined(separator: ", ")))")
+            throw VerificationError(.unsupportedAlgorithm, "the algorithm \(parsed.algorithm.rawValue) is not allowed for issuer \(quoted(iss)) (allowed: \(issuer.policy.algorithms.sorted().map(\.rawValue).joined(separator: ", ")))")
         }
-        try checkType(parsed.type, profile: policy.profile)
+        try checkType(parsed.type, profile: issuer.policy.profile)
         return issuer
     }
 
@@ -182,11 +182,10 @@ public final class SETVerifier: Sendable {
 
     private func finish(_ parsed: ParsedToken, token: UnsafeBufferPointer<UInt8>, issuer: Issuer,
                         entry: KeySetEntry?, now: Double) throws(VerificationError) -> VerifiedSET {
-        let policy = issuer.policy
         let key: VerificationKey
         switch entry {
         case nil:
-            throw VerificationError(.unknownKeyID, "issuer \(quoted(policy.issuer)) has no key with kid \(quoted(parsed.keyID)) in its JWKS")
+            throw VerificationError(.unknownKeyID, "issuer \(quoted(issuer.policy.issuer)) has no key with kid \(quoted(parsed.keyID)) in its JWKS")
         case .unusable(_, let reason)?:
             throw VerificationError(.unusableKey, "the key \(quoted(parsed.keyID)) cannot be used: \(reason)")
         case .usable(let k)?:
@@ -218,12 +217,12 @@ public final class SETVerifier: Sendable {
             case .invalidSubject: throw VerificationError(.invalidSubject, error.message)
             }
         }
-        try checkAudience(set, policy: policy)
-        try checkTimes(set, policy: policy, now: now)
-        try checkProfile(set, policy: policy, now: now)
+        try checkAudience(set, policy: issuer.policy)
+        try checkTimes(set, policy: issuer.policy, now: now)
+        try checkProfile(set, policy: issuer.policy, now: now)
         return VerifiedSET(token: set, header: JOSEHeader(algorithm: parsed.algorithm, keyID: parsed.keyID,
                                                           type: parsed.type, members: parsed.header),
-                           profile: policy.profile, keyThumbprint: key.thumbprint, key: key.jwk)
+                           profile: issuer.policy.profile, keyThumbprint: key.thumbprint, key: key.jwk)
     }
 
     private func checkAudience(_ set: SecurityEventToken, policy: IssuerPolicy) throws(VerificationError) {
