@@ -3,8 +3,8 @@
 # Usage: Benchmarks/pipeline.sh BIN_DIR [TOKENS] [redis]
 # This machine's speed drifts by ±15% from one minute to the next (openssl speed itself gives
 # 86k-103k), so the run is made RUNS times (default 3), each right after its own openssl
-# measurement, and the median of the ratios is reported with every figure. The tokens are
-# minted by the first run and reused by the others (BENCH_TOKENS_DIR).
+# measurement, and the median of the end-to-end ratios is printed last. The tokens are minted
+# by the first run and reused by the others (BENCH_TOKENS_DIR).
 set -euo pipefail
 bin=$1
 tokens=${2:-64000}

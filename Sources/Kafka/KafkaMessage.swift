@@ -25,11 +25,8 @@ public struct KafkaMessage: Sendable {
         headers.first { $0.name == name }?.value
     }
 
-    /// `topic/partition/offset`, the message's address.
-    public var address: String { address(prefix: "") }
-
-    /// `prefix` followed by the address, built in one string.
-    public func address(prefix: String) -> String {
+    /// `prefix` followed by `topic/partition/offset`, the message's address, built in one string.
+    public func address(prefix: String = "") -> String {
         var text = prefix
         text.reserveCapacity(prefix.utf8.count + topic.utf8.count + 24)
         text += topic

@@ -1,3 +1,5 @@
+internal import SecurityEvents
+
 /// Durable state of the pipeline: which (issuer, jti) pairs have been seen, what each event was,
 /// where it came from, and what became of it. One protocol, several back ends.
 public protocol Ledger: Sendable {
@@ -65,9 +67,9 @@ public enum StepStatus: String, Sendable, CaseIterable {
 public struct LedgerEvent: Sendable, Equatable {
     public var issuer: String
     public var jti: String
-    /// The compact SET as received (ASCII, as every verified compact JWS is), so it can be
-    /// verified again later. Kept as the message's own bytes: the intake hands them over
-    /// without making a string of them.
+    /// The compact SET as verified (the message less surrounding whitespace; ASCII, as every
+    /// verified compact JWS is), so it can be verified again later. Kept as bytes: the intake
+    /// hands over the message's own, without making a string of them.
     public var tokenBytes: [UInt8]
     /// `tokenBytes` as text.
     public var token: String {
@@ -160,4 +162,20 @@ public struct LedgerError: Error, Sendable, CustomStringConvertible {
     public var message: String
     public init(_ message: String) { self.message = message }
     public var description: String { message }
+}
+
+/// A JSON array of strings (event type URIs, step names).
+func jsonArray(_ items: [String]) -> String {
+    var bytes: [UInt8] = []
+    writeJSONArray(items, to: &bytes)
+    return String(decoding: bytes, as: UTF8.self)
+}
+
+func writeJSONArray(_ items: [String], to bytes: inout [UInt8]) {
+    bytes.append(UInt8(ascii: "["))
+    for (i, item) in items.enumerated() {
+        if i > 0 { bytes.append(UInt8(ascii: ",")) }
+        JSONValue.writeString(item, to: &bytes)
+    }
+    bytes.append(UInt8(ascii: "]"))
 }

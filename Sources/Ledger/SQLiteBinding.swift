@@ -1,6 +1,5 @@
 internal import GRDB
 internal import GRDBSQLite
-internal import SecurityEvents
 
 /// Runs the statements of the hot write path with their values bound straight to SQLite.
 ///
@@ -17,6 +16,7 @@ struct SQLiteBinder {
         case text(start: Int, count: Int)
         case null
         case double(Double)
+        case integer(Int64)
     }
 
     private var slots: [Slot] = []
@@ -59,6 +59,7 @@ struct SQLiteBinder {
                 case .text(let start, let count): sqlite3_bind_text(handle, position, base + start, Int32(count), nil)
                 case .null: sqlite3_bind_null(handle, position)
                 case .double(let number): sqlite3_bind_double(handle, position, number)
+                case .integer(let number): sqlite3_bind_int64(handle, position, number)
                 }
                 if code != SQLITE_OK { throw Self.error(code, db, statement) }
             }
@@ -94,26 +95,12 @@ struct SQLiteBinder {
 
     mutating func double(_ value: Double) { slots.append(.double(value)) }
 
+    mutating func integer(_ value: Int64) { slots.append(.integer(value)) }
+
     /// A JSON array of strings (event type URIs, step names) as one text, written in place.
     mutating func jsonArray(_ items: [String]) {
         let start = bytes.count
         writeJSONArray(items, to: &bytes)
         slots.append(.text(start: start, count: bytes.count - start))
     }
-}
-
-/// A JSON array of strings (event type URIs, step names).
-func jsonArray(_ items: [String]) -> String {
-    var bytes: [UInt8] = []
-    writeJSONArray(items, to: &bytes)
-    return String(decoding: bytes, as: UTF8.self)
-}
-
-func writeJSONArray(_ items: [String], to bytes: inout [UInt8]) {
-    bytes.append(UInt8(ascii: "["))
-    for (i, item) in items.enumerated() {
-        if i > 0 { bytes.append(UInt8(ascii: ",")) }
-        JSONValue.writeString(item, to: &bytes)
-    }
-    bytes.append(UInt8(ascii: "]"))
 }

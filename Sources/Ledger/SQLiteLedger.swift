@@ -136,11 +136,13 @@ public final class SQLiteLedger: Ledger {
         }
     }
 
-    /// Claims events within one write: the insert statement looked up once, and one binder
+    /// Claims events within one write: the insert statements looked up once, and one binder
     /// (with its buffer) for every row.
     private struct EventWriter {
         let db: Database
         let insert: Statement
+        /// The outbox insert, looked up with the first event that has steps.
+        var insertStep: Statement? = nil
         var binder = SQLiteBinder()
 
         init(_ db: Database) throws {
@@ -173,11 +175,21 @@ public final class SQLiteLedger: Ledger {
             if inserted == 1 {
                 // SQLite's own call: GRDB's property checks the dispatch queue on every read.
                 let id = sqlite3_last_insert_rowid(db.sqliteConnection)
-                for step in steps {
-                    try db.cachedStatement(sql: """
+                if !steps.isEmpty, insertStep == nil {
+                    insertStep = try db.cachedStatement(sql: """
                         INSERT INTO steps (event_id, idx, kind, action, status, detail, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)
-                        """).execute(arguments: [id, step.index, step.kind, step.action, step.status.rawValue, step.detail,
-                                                 event.receivedAt])
+                        """)
+                }
+                for step in steps {
+                    try binder.execute(insertStep!, in: db) {
+                        $0.integer(id)
+                        $0.integer(Int64(step.index))
+                        $0.text(step.kind)
+                        $0.text(step.action)
+                        $0.text(step.status.rawValue)
+                        $0.text(step.detail)
+                        $0.double(event.receivedAt)
+                    }
                 }
                 return .new(eventID: id)
             }

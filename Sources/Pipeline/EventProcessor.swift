@@ -171,14 +171,10 @@ public struct EventProcessor: Sendable {
         Checked(results: await verifyAll(batch))
     }
 
-    /// Verifies the batch and dead-letters its invalid messages. While an issuer's keys are
-    /// unavailable the batch waits, retrying; if the process stops first, the batch is cut
-    /// before the first message without a verdict, and the rest is left for redelivery.
-    public func prepare(_ batch: [IntakeMessage]) async -> Prepared {
-        await prepare(batch, checked: check(batch))
-    }
-
-    /// `prepare` once the batch has been checked.
+    /// Dead-letters the invalid messages of a checked batch and resolves and plans its events.
+    /// While an issuer's keys are unavailable the batch waits, retrying; if the process stops
+    /// first, the batch is cut before the first message without a verdict, and the rest is
+    /// left for redelivery.
     public func prepare(_ batch: [IntakeMessage], checked: Checked) async -> Prepared {
         var results = checked.results
         var attempt = 0
@@ -514,7 +510,7 @@ public struct EventProcessor: Sendable {
     private func verify(_ message: IntakeMessage) async -> Result<Verified, VerificationError> {
         let started = ContinuousClock.now
         // Whitespace around a compact JWS (a trailing newline from a file or a shell) is not
-        // part of it; the dead letter and the ledger keep the value as received.
+        // part of it; a dead letter keeps the value as received, the ledger the token verified.
         let result = await verifier.verify(trimmedASCIIWhitespace(message.value))
         let elapsed = (ContinuousClock.now - started).components
         metrics.verifySeconds.recordNanoseconds(elapsed.seconds * 1_000_000_000 + elapsed.attoseconds / 1_000_000_000)

@@ -73,7 +73,8 @@ public final class KafkaIntake: Service {
                     }.map(\.0))
                     for work in recorded.work {
                         let message = messages[work.position]
-                        let turn = lanes.enter(work.subjectKey)
+                        let subjectKey = work.subjectKey
+                        let turn = lanes.enter(subjectKey)
                         steps.addTask {
                             // A later event of this subject must not act before this one: when
                             // one is abandoned (stopping), the subject's later ones are too.
@@ -83,7 +84,7 @@ public final class KafkaIntake: Service {
                                 if done { consumer.finished(message) }
                             }
                             turn.mine.open(passed: done)
-                            lanes.leave(work.subjectKey, turn.mine)
+                            lanes.leave(subjectKey, turn.mine)
                         }
                     }
                 }

@@ -514,9 +514,8 @@ extension JSONValue {
                 case UInt8(ascii: "\r"): out += #"\r"#.utf8
                 case UInt8(ascii: "\t"): out += #"\t"#.utf8
                 case ..<0x20:
-                    let hex = Array("0123456789abcdef".utf8)
                     out += #"\u00"#.utf8
-                    out += [hex[Int(byte >> 4)], hex[Int(byte & 0xF)]]
+                    out += [hexDigits[Int(byte >> 4)], hexDigits[Int(byte & 0xF)]]
                 default: out.append(byte)  // UTF-8 (valid: it is a Swift string) goes in as it is
                 }
             }
@@ -524,3 +523,5 @@ extension JSONValue {
         out.append(UInt8(ascii: "\""))
     }
 }
+
+private let hexDigits = Array("0123456789abcdef".utf8)

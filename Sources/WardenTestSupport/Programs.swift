@@ -38,14 +38,15 @@ public func runToEnd(_ executable: URL, _ arguments: [String], environment: [Str
         p.standardError = err
         p.standardInput = input
         try p.run()
-        let errors = PipeContents()
-        let errorsRead = Thread { errors.read(err.fileHandleForReading) }
-        errorsRead.start()
+        // Both outputs are read on threads of their own while the input is written here, so a
+        // program that writes much before it reads its input cannot stall.
+        let output = PipeContents(), errors = PipeContents()
+        Thread { output.read(out.fileHandleForReading) }.start()
+        Thread { errors.read(err.fileHandleForReading) }.start()
         if let stdin { try? input.fileHandleForWriting.write(contentsOf: Data(stdin.utf8)) }
         try? input.fileHandleForWriting.close()
-        let output = out.fileHandleForReading.readDataToEndOfFile()
         p.waitUntilExit()
-        return ProgramOutput(status: p.terminationStatus, output: output,
+        return ProgramOutput(status: p.terminationStatus, output: output.wait(),
                              stderr: String(decoding: errors.wait(), as: UTF8.self))
     }
 }
