@@ -43,11 +43,22 @@ let package = Package(
             dependencies: [.product(name: "Crypto", package: "swift-crypto")],
             swiftSettings: strict
         ),
+        // One HTTP request and its whole answer under one deadline, for every outgoing call.
+        .target(
+            name: "HTTPExchange",
+            dependencies: [
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+            ],
+            swiftSettings: strict
+        ),
         .target(
             name: "TokenVerification",
             dependencies: [
                 "SecurityEvents",
                 "CWardenCrypto",
+                "HTTPExchange",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -95,7 +106,7 @@ let package = Package(
         .target(
             name: "Invalidation",
             dependencies: [
-                "SecurityEvents", "Redis", "Ledger",
+                "SecurityEvents", "Redis", "Ledger", "HTTPExchange",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "GRDB", package: "GRDB.swift"),

@@ -1,6 +1,7 @@
 public import AsyncHTTPClient
 import Crypto
 import Foundation
+import HTTPExchange
 import NIOCore
 import NIOHTTP1
 import SecurityEvents
@@ -34,14 +35,14 @@ public struct RevocationClient: Sendable {
         request.body = .bytes(ByteBuffer(string: form.map { Self.formEncoded($0.0) + "=" + Self.formEncoded($0.1) }
             .joined(separator: "&")))
         let where_ = endpoint.url.host ?? endpoint.url.absoluteString
-        let response: HTTPClientResponse
-        let body: ByteBuffer
-        do {
-            response = try await http.execute(request, timeout: .milliseconds(Int64(endpoint.timeout * 1000)))
-            body = try await response.body.collect(upTo: 64 * 1024)
+        let response: HTTPExchange
+        do throws(HTTPExchangeError) {
+            response = try await http.exchange(request, timeout: endpoint.timeout, maximumBodyBytes: 64 * 1024)
         } catch {
+            guard error.isRetryable else { return .failed("revocation endpoint \(where_): \(error)") }
             return .retry("revocation endpoint \(where_) unreachable: \(error)", after: nil)
         }
+        let body = response.body
         let status = Int(response.status.code)
         switch status {
         case 200..<300: return .done("revoked at \(where_)")
@@ -106,9 +107,8 @@ public struct WebhookNotifier: Sendable {
         request.headers.add(name: "Warden-Event-ID", value: "\(context.token.issuer) \(context.token.jti)")
         request.body = .bytes(ByteBuffer(string: body))
         let where_ = endpoint.url.host ?? endpoint.url.absoluteString
-        do {
-            let response = try await http.execute(request, timeout: .milliseconds(Int64(endpoint.timeout * 1000)))
-            _ = try? await response.body.collect(upTo: 64 * 1024)
+        do throws(HTTPExchangeError) {
+            let response = try await http.exchange(request, timeout: endpoint.timeout, maximumBodyBytes: 64 * 1024)
             let status = Int(response.status.code)
             switch status {
             case 200..<300: return .done("webhook \(where_) answered \(status)")
@@ -118,6 +118,7 @@ public struct WebhookNotifier: Sendable {
             default: return .failed("webhook \(where_) refused the event: \(status)")
             }
         } catch {
+            guard error.isRetryable else { return .failed("webhook \(where_): \(error)") }
             return .retry("webhook \(where_) unreachable: \(error)", after: nil)
         }
     }

@@ -99,16 +99,13 @@ public struct Planner: Sendable {
     /// The values placeholders stand for in one event.
     static func values(for event: SecurityEvent, in token: SecurityEventToken,
                        resolution: SubjectResolution) -> [String: String] {
+        // {iss} is always the issuer that signed the token: a subject's own "iss" member never
+        // replaces it, so issuer A cannot name a key of issuer B's users.
         var values: [String: String] = ["jti": token.jti, "event": event.type.name, "iss": token.issuer]
         if case .user(let user) = resolution { values["user"] = user }
         if let reason = event.reason { values["reason"] = reason }
         let subject = event.subject ?? token.primarySubject
-        if let (iss, sub) = subject?.issuerSubject {
-            values["iss"] = iss
-            values["sub"] = sub
-        } else if let sub = token.subject {
-            values["sub"] = sub
-        }
+        if let sub = Self.scopedSubject(subject, in: token) { values["sub"] = sub }
         if let subject {
             for simple in subject.simpleIdentifiers {
                 switch simple {
@@ -122,6 +119,14 @@ public struct Planner: Sendable {
         }
         if let sid = token.claims["sid"]?.stringValue { values["sid"] = sid }
         return values
+    }
+
+    /// The `sub` the token's signer vouches for: an `iss_sub` subject's `sub` when its `iss` is
+    /// the signer, else the token's own `sub` claim. A subject of another issuer gives none: an
+    /// account is always scoped to the issuer that signed the token.
+    public static func scopedSubject(_ subject: SubjectIdentifier?, in token: SecurityEventToken) -> String? {
+        if let (iss, sub) = subject?.issuerSubject { return iss == token.issuer ? sub : nil }
+        return token.subject
     }
 
     /// The action with its placeholders filled, or why it cannot be.

@@ -13,12 +13,13 @@ public protocol SubjectResolver: Sendable {
     func resolve(_ token: SecurityEventToken) async -> ResolutionOutcome
 }
 
-/// The provider's `sub` is the local user id.
+/// The provider's `sub` is the local user id: the `sub` of the issuer that signed the token
+/// (a subject naming another issuer's account resolves to no one).
 public struct IdentityResolver: SubjectResolver {
     public init() {}
 
     public func resolve(_ token: SecurityEventToken) async -> ResolutionOutcome {
-        if let sub = token.primarySubject?.issuerSubject?.sub ?? token.subject { return .resolved(.user(sub)) }
+        if let sub = Planner.scopedSubject(token.primarySubject, in: token) { return .resolved(.user(sub)) }
         return .resolved(.unresolved)
     }
 }

@@ -56,7 +56,15 @@ final class KafkaClient: @unchecked Sendable {
         self.retainedContext = retained
     }
 
+    /// Set when destroying the handle could abort the process (see `leaveUndestroyed`).
+    private let undestroyed = Atomic<Bool>(false)
+
+    /// Keeps `deinit` from destroying the handle: for a consumer closed before its first
+    /// assignment, which librdkafka 2.0.2 cannot destroy. Its memory goes with the process.
+    func leaveUndestroyed() { undestroyed.store(true, ordering: .relaxed) }
+
     deinit {
+        guard !undestroyed.load(ordering: .relaxed) else { return }
         rd_kafka_destroy(handle)
         retainedContext.release()
     }

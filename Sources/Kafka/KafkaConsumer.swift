@@ -214,6 +214,11 @@ public final class KafkaConsumer: Sendable {
         if err != RD_KAFKA_RESP_ERR_NO_ERROR {
             logger.warning("Kafka consumer close reported an error", metadata: ["kafka.error": "\(String(cString: rd_kafka_err2name(err)))"])
         }
+        // librdkafka 2.0.2 (Debian's) aborts destroying a cooperative-sticky member that joined
+        // but never got its first assignment (its assignor state is still NULL; fixed upstream
+        // in 2.3.0): a worker sent SIGTERM during a rebalance died with SIGABRT. Such a handle
+        // is left to the exiting process instead of being destroyed.
+        if !state.control.withLock({ $0.joined }) { client.leaveUndestroyed() }
         return nil
     }
 
@@ -317,7 +322,8 @@ func partitions(of list: UnsafeMutablePointer<rd_kafka_topic_partition_list_t>) 
 private let rebalanceCallback: @convention(c) (OpaquePointer?, rd_kafka_resp_err_t, UnsafeMutablePointer<rd_kafka_topic_partition_list_t>?, UnsafeMutableRawPointer?) -> Void = {
     rk, err, list, _ in
     guard let rk, let list, let context = CallbackContext.from(rk), let state = context.consumer else { return }
-    let cooperative = String(cString: rd_kafka_rebalance_protocol(rk)) == "COOPERATIVE"
+    // NULL while the group is being torn down (a rebalance during shutdown): never unwrapped.
+    let cooperative = rd_kafka_rebalance_protocol(rk).map { String(cString: $0) == "COOPERATIVE" } ?? false
     let changed = partitions(of: list)
     switch err {
     case RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS:

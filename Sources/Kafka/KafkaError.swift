@@ -17,16 +17,39 @@ public struct KafkaError: Error, Sendable, CustomStringConvertible {
 
     public var kind: Kind
     public var message: String
+    /// librdkafka's error name (`MSG_SIZE_TOO_LARGE`, `_MSG_TIMED_OUT`, …) when it gave one.
+    public var name: String?
 
-    public init(_ kind: Kind, _ message: String) {
+    public init(_ kind: Kind, _ message: String, name: String? = nil) {
         self.kind = kind
         self.message = message
+        self.name = name
     }
 
     public var description: String { message }
 
-    static func code(_ err: rd_kafka_resp_err_t, _ context: String) -> KafkaError {
-        KafkaError(.client, "\(context): \(String(cString: rd_kafka_err2name(err))) (\(String(cString: rd_kafka_err2str(err))))")
+    /// Whether the same call may succeed later. A message the cluster can never take (too
+    /// large, malformed, refused by authorisation), a refused configuration, a fatal error
+    /// or a closed client will fail the same way however often it is tried.
+    public var isRetryable: Bool {
+        switch kind {
+        case .configuration, .fatal, .closed: return false
+        case .client, .delivery: return name.map { !Self.permanentErrors.contains($0) } ?? true
+        }
+    }
+
+    /// The message is larger than the cluster or the client accepts.
+    public var isMessageTooLarge: Bool { name == "MSG_SIZE_TOO_LARGE" || name == "INVALID_MSG_SIZE" || name == "RECORD_LIST_TOO_LARGE" }
+
+    static let permanentErrors: Set<String> = [
+        "MSG_SIZE_TOO_LARGE", "INVALID_MSG_SIZE", "RECORD_LIST_TOO_LARGE", "INVALID_MSG", "INVALID_RECORD",
+        "TOPIC_AUTHORIZATION_FAILED", "CLUSTER_AUTHORIZATION_FAILED", "TOPIC_EXCEPTION", "_INVALID_ARG", "_UNKNOWN_TOPIC",
+        "UNKNOWN_TOPIC_OR_PART", "INVALID_REQUIRED_ACKS", "UNSUPPORTED_VERSION", "_FATAL", "_FENCED",
+    ]
+
+    static func code(_ err: rd_kafka_resp_err_t, _ context: String, kind: Kind = .client) -> KafkaError {
+        let name = String(cString: rd_kafka_err2name(err))
+        return KafkaError(kind, "\(context): \(name) (\(String(cString: rd_kafka_err2str(err))))", name: name)
     }
 }
 
@@ -43,6 +66,13 @@ public struct KafkaProperties: Sendable, ExpressibleByDictionaryLiteral {
     public subscript(name: String) -> String? {
         get { values[name] }
         set { values[name] = newValue }
+    }
+
+    /// Checks every property with librdkafka itself, as a client would be configured: an
+    /// unknown name or a bad value is refused with librdkafka's message (`check-config` and
+    /// `warden run` refuse it before anything starts).
+    public func validate() throws(KafkaError) {
+        rd_kafka_conf_destroy(try makeConfiguration())
     }
 
     /// A librdkafka configuration object holding these properties; refuses unknown names or

@@ -141,6 +141,6 @@ private let deliveryCallback: @convention(c) (OpaquePointer?, UnsafePointer<rd_k
     if m.err == RD_KAFKA_RESP_ERR_NO_ERROR {
         box.continuation.resume(returning: .success(DeliveryReport(partition: m.partition, offset: m.offset)))
     } else {
-        box.continuation.resume(returning: .failure(KafkaError(.delivery, "delivery failed: \(String(cString: rd_kafka_err2name(m.err))) (\(String(cString: rd_kafka_err2str(m.err))))")))
+        box.continuation.resume(returning: .failure(KafkaError.code(m.err, "delivery failed", kind: .delivery)))
     }
 }

@@ -158,9 +158,32 @@ public struct Rejection: Sendable, Equatable {
     }
 }
 
+/// Why the ledger could not do what it was asked, and whether asking again can help.
 public struct LedgerError: Error, Sendable, CustomStringConvertible {
+    public enum Kind: String, Sendable, Hashable {
+        /// The store could not be reached or was busy (connection lost, locked, disk full): the
+        /// same write may succeed later.
+        case unavailable
+        /// The store refused these values (a constraint, a value its types cannot hold): the
+        /// same write will fail again however often it is tried.
+        case refused
+        /// What the write refers to is not there (an event id, a step index), or is no longer
+        /// in the state the write expects (a step already recorded, a lease held by another).
+        case conflict
+        /// The ledger is closed.
+        case closed
+    }
+
+    public var kind: Kind
     public var message: String
-    public init(_ message: String) { self.message = message }
+
+    public init(_ kind: Kind, _ message: String) {
+        self.kind = kind
+        self.message = message
+    }
+
+    /// Whether the same call may succeed later.
+    public var isRetryable: Bool { kind == .unavailable }
     public var description: String { message }
 }
 

@@ -26,10 +26,24 @@ public final class PostgresLedger: Ledger {
             guard text.hasPrefix("postgres://") || text.hasPrefix("postgresql://"), let c = URLComponents(string: text),
                   let host = c.host, !host.isEmpty, let user = c.user, !user.isEmpty
             else {
-                return .failure(LedgerError("expected postgres://user[:password]@host[:port]/database"))
+                return .failure(LedgerError(.refused, "expected postgres://user[:password]@host[:port]/database"))
             }
             let database = c.path.trimmingCharacters(in: CharacterSet(charactersIn: "/"))
-            guard !database.isEmpty else { return .failure(LedgerError("the URL names no database (postgres://user@host/database)")) }
+            guard !database.isEmpty else { return .failure(LedgerError(.refused, "the URL names no database (postgres://user@host/database)")) }
+            // Every parameter is honoured or refused, never ignored: a dropped sslmode=require
+            // would connect without TLS while the operator believes otherwise.
+            for item in c.queryItems ?? [] {
+                switch (item.name, item.value ?? "") {
+                case ("sslmode", "disable"), ("sslmode", "allow"), ("sslmode", "prefer"):
+                    continue  // libpq's meaning: a connection without TLS is acceptable
+                case ("sslmode", "require"), ("sslmode", "verify-ca"), ("sslmode", "verify-full"):
+                    return .failure(LedgerError(.refused, "sslmode=\(item.value ?? "") asks for TLS, which this version cannot make to PostgreSQL; use sslmode=disable on a trusted network, or a TLS tunnel"))
+                case ("sslmode", let value):
+                    return .failure(LedgerError(.refused, "sslmode=\(value.prefix(32)) is not an sslmode (disable, allow, prefer, require, verify-ca, verify-full)"))
+                default:
+                    return .failure(LedgerError(.refused, "the URL parameter \"\(item.name.prefix(32))\" is not supported (supported: sslmode=disable|allow|prefer)"))
+                }
+            }
             return .success(Location(host: host, port: c.port ?? 5432, username: user.removingPercentEncoding ?? user,
                                      password: c.password.map { $0.removingPercentEncoding ?? $0 }, database: database))
         }
@@ -67,7 +81,7 @@ public final class PostgresLedger: Ledger {
                 attempt += 1
                 if attempt >= 20 {
                     running.cancel()
-                    throw LedgerError("cannot open the PostgreSQL ledger at \(location): \(Self.describe(error))")
+                    throw LedgerError(.unavailable, "cannot open the PostgreSQL ledger at \(location): \(Self.describe(error))")
                 }
                 try? await Task.sleep(for: .milliseconds(250))
             }
@@ -195,7 +209,7 @@ public final class PostgresLedger: Ledger {
                                                        logger: logger).decode(Int64.self) {
             existing = id
         }
-        guard let id = existing else { throw LedgerError("the event \(e.jti) vanished during its claim") }
+        guard let id = existing else { throw LedgerError(.conflict, "the event \(e.jti.prefix(64).debugDescription) vanished during its claim") }
         try await connection.query("""
             INSERT INTO deliveries (event_id, source, received_at, verdict) VALUES (\(id), \(e.source), \(e.receivedAt), 'duplicate')
             """, logger: logger)
@@ -206,7 +220,7 @@ public final class PostgresLedger: Ledger {
         let token = ByteBuffer(bytes: r.token)
         try await connection.query("""
             INSERT INTO deliveries (event_id, source, received_at, verdict, error_code, error_description, token)
-            VALUES (NULL, \(r.source), \(r.receivedAt), 'invalid', \(r.code), \(r.description), \(token))
+            VALUES (NULL, \(r.source), \(r.receivedAt), 'invalid', \(r.code), \(storable(r.description)), \(token))
             """, logger: logger)
     }
 
@@ -221,7 +235,7 @@ public final class PostgresLedger: Ledger {
             for try await _ in try await connection.query(
                 "UPDATE events SET outcome = \(outcome.rawValue), updated_at = \(now) WHERE id = \(eventID) RETURNING id",
                 logger: self.logger).decode(Int64.self) { found = true }
-            guard found else { throw LedgerError("no event with id \(eventID) in the ledger") }
+            guard found else { throw LedgerError(.conflict, "no event with id \(eventID) in the ledger") }
         }
     }
 
@@ -232,10 +246,20 @@ public final class PostgresLedger: Ledger {
             let now = Date().timeIntervalSince1970
             var found = false
             for try await _ in try await connection.query("""
-                UPDATE steps SET status = \(status.rawValue), detail = \(detail), updated_at = \(now)
-                WHERE event_id = \(eventID) AND idx = \(index) RETURNING idx
+                UPDATE steps SET status = \(status.rawValue), detail = \(storable(detail)), updated_at = \(now)
+                WHERE event_id = \(eventID) AND idx = \(index) AND status = 'pending' RETURNING idx
                 """, logger: self.logger).decode(Int.self) { found = true }
-            guard found else { throw LedgerError("event \(eventID) has no step \(index) in the ledger") }
+            guard found else {
+                // Only a pending step is recorded: one recorded already (by another owner of the
+                // event, after a rebalance) keeps its outcome.
+                var recorded: String? = nil
+                for try await status in try await connection.query(
+                    "SELECT status FROM steps WHERE event_id = \(eventID) AND idx = \(index)", logger: self.logger).decode(String.self) {
+                    recorded = status
+                }
+                throw LedgerError(.conflict, recorded.map { "step \(index) of event \(eventID) is already recorded \($0)" }
+                                  ?? "event \(eventID) has no step \(index) in the ledger")
+            }
             if let finishing {
                 try await connection.query("UPDATE events SET outcome = \(finishing.rawValue), updated_at = \(now) WHERE id = \(eventID)",
                                            logger: self.logger)
@@ -297,20 +321,45 @@ public final class PostgresLedger: Ledger {
     private func transaction<T: Sendable>(_ what: String, _ body: (PostgresConnection) async throws -> T) async throws(LedgerError) -> T {
         do {
             return try await client.withTransaction(logger: logger) { connection in try await body(connection) }
-        } catch let error as LedgerError {
-            throw error
         } catch {
-            throw LedgerError("PostgreSQL ledger (\(what)): \(Self.describe(error))")
+            // What failed inside the transaction (the body, or BEGIN/COMMIT), never the wrapper:
+            // its description holds the query with its values.
+            let cause = Self.cause(of: error)
+            if let ledgerError = cause as? LedgerError { throw ledgerError }
+            throw LedgerError(Self.kind(of: cause), "PostgreSQL ledger (\(what)): \(Self.describe(cause))")
         }
+    }
+
+    /// What failed inside a transaction (its body, or BEGIN or COMMIT), rather than the wrapper.
+    static func cause(of error: any Error) -> any Error {
+        guard let wrapped = error as? PostgresTransactionError else { return error }
+        return wrapped.closureError ?? wrapped.beginError ?? wrapped.commitError ?? wrapped.rollbackError ?? error
+    }
+
+    /// Whether a PostgreSQL failure can pass: a data exception (class 22: a value the column
+    /// cannot hold) or an integrity violation (class 23) will fail the same way again.
+    static func kind(of error: any Error) -> LedgerError.Kind {
+        guard let error = cause(of: error) as? PSQLError, let state = error.serverInfo?[.sqlState] else { return .unavailable }
+        return state.hasPrefix("22") || state.hasPrefix("23") ? .refused : .unavailable
     }
 
     /// What went wrong, in the server's words, without the query or its values (a token may be
     /// among them).
     static func describe(_ error: any Error) -> String {
+        let error = cause(of: error)
+        if error is PostgresTransactionError { return "the transaction failed" }
         guard let error = error as? PSQLError else { return "\(error)" }
         var text = "\(error.code)"
         if let message = error.serverInfo?[.message] { text += ": " + message }
         if let underlying = error.underlying { text += " (\(underlying))" }
         return text
     }
+}
+
+/// A free text (an error's description, a step's detail) as PostgreSQL's `text` can hold it:
+/// U+0000, which it refuses, becomes U+FFFD. Identifiers are never changed so: the verifier
+/// refuses a `jti` or `kid` holding U+0000, and subjects are stored as escaped JSON.
+func storable(_ text: String) -> String {
+    guard text.utf8.contains(0) else { return text }
+    return String(text.unicodeScalars.map { $0 == "\u{0}" ? "\u{FFFD}" : Character($0) })
 }

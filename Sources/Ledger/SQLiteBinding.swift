@@ -31,6 +31,13 @@ struct SQLiteBinder {
     /// statement to its end. Returns the number of rows it changed.
     @discardableResult
     mutating func execute(_ statement: Statement, in db: Database, _ bind: (inout SQLiteBinder) -> Void) throws -> Int {
+        try query(statement, in: db, bind, row: { _ in })
+    }
+
+    /// Like `execute`, handing each row the statement yields to `row` while it is current.
+    @discardableResult
+    mutating func query(_ statement: Statement, in db: Database, _ bind: (inout SQLiteBinder) -> Void,
+                        row: (OpaquePointer) -> Void) throws -> Int {
         slots.removeAll(keepingCapacity: true)
         bytes.removeAll(keepingCapacity: true)
         bind(&self)
@@ -64,7 +71,10 @@ struct SQLiteBinder {
                 if code != SQLITE_OK { throw Self.error(code, db, statement) }
             }
             var code = sqlite3_step(handle)
-            while code == SQLITE_ROW { code = sqlite3_step(handle) }
+            while code == SQLITE_ROW {
+                row(handle)
+                code = sqlite3_step(handle)
+            }
             guard code == SQLITE_DONE else { throw Self.error(code, db, statement) }
             return Int(sqlite3_changes(db.sqliteConnection))
         }

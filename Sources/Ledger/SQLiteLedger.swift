@@ -50,7 +50,7 @@ public final class SQLiteLedger: Ledger {
                 attempt += 1
                 usleep(100_000)
             } catch {
-                throw LedgerError("cannot open the SQLite ledger at \(path): \(error)")
+                throw LedgerError(.unavailable, "cannot open the SQLite ledger at \(path): \(error)")
             }
         }
         writer = BatchWriter(database: database)
@@ -193,8 +193,15 @@ public final class SQLiteLedger: Ledger {
                 }
                 return .new(eventID: id)
             }
-            let id = try Int64.fetchOne(db.cachedStatement(sql: "SELECT id FROM events WHERE issuer = ? AND jti = ?"),
-                                        arguments: [event.issuer, event.jti])!
+            // Bound with their lengths, as the insert bound them: a text is never cut at a NUL.
+            var id: Int64? = nil
+            try binder.query(db.cachedStatement(sql: "SELECT id FROM events WHERE issuer = ? AND jti = ?"), in: db, {
+                $0.text(event.issuer)
+                $0.text(event.jti)
+            }, row: { id = sqlite3_column_int64($0, 0) })
+            guard let id else {
+                throw LedgerError(.refused, "the event \(event.jti.prefix(64).debugDescription) of \(event.issuer) was neither inserted nor found")
+            }
             // The event row records its first delivery; later ones are recorded as duplicates.
             try db.cachedStatement(sql: "INSERT INTO deliveries (event_id, source, received_at, verdict) VALUES (?, ?, ?, 'duplicate')")
                 .execute(arguments: [id, event.source, event.receivedAt])
@@ -211,21 +218,36 @@ public final class SQLiteLedger: Ledger {
     }
 
     public func record(outcome: EventOutcome, forEvent eventID: Int64) async throws(LedgerError) {
-        try await writer.submit { db in
+        try await writer.submit(urgent: true) { db in
             try db.cachedStatement(sql: "UPDATE events SET outcome = ?, updated_at = ? WHERE id = ?")
                 .execute(arguments: [outcome.rawValue, Date().timeIntervalSince1970, eventID])
-            guard db.changesCount == 1 else { throw LedgerError("no event with id \(eventID) in the ledger") }
+            guard db.changesCount == 1 else { throw LedgerError(.conflict, "no event with id \(eventID) in the ledger") }
         }
     }
 
     public func recordStep(_ index: Int, of eventID: Int64, status: StepStatus, detail: String, finishing: EventOutcome?)
         async throws(LedgerError)
     {
-        try await writer.submit { db in
+        try await writer.submit(urgent: true) { db in
             let now = Date().timeIntervalSince1970
-            try db.cachedStatement(sql: "UPDATE steps SET status = ?, detail = ?, updated_at = ? WHERE event_id = ? AND idx = ?")
-                .execute(arguments: [status.rawValue, detail, now, eventID, index])
-            guard db.changesCount == 1 else { throw LedgerError("event \(eventID) has no step \(index) in the ledger") }
+            // Only a pending step is recorded: one already done or failed (by another owner of the
+            // event, after a rebalance) keeps its outcome, and the caller learns it was not first.
+            var binder = SQLiteBinder()
+            let changed = try binder.execute(db.cachedStatement(sql: """
+                UPDATE steps SET status = ?, detail = ?, updated_at = ? WHERE event_id = ? AND idx = ? AND status = 'pending'
+                """), in: db) {
+                $0.text(status.rawValue)
+                $0.text(detail)
+                $0.double(now)
+                $0.integer(eventID)
+                $0.integer(Int64(index))
+            }
+            guard changed == 1 else {
+                let recorded = try String.fetchOne(db, sql: "SELECT status FROM steps WHERE event_id = ? AND idx = ?",
+                                                   arguments: [eventID, index])
+                throw LedgerError(.conflict, recorded.map { "step \(index) of event \(eventID) is already recorded \($0)" }
+                                  ?? "event \(eventID) has no step \(index) in the ledger")
+            }
             if let finishing {
                 try db.cachedStatement(sql: "UPDATE events SET outcome = ?, updated_at = ? WHERE id = ?")
                     .execute(arguments: [finishing.rawValue, now, eventID])
@@ -249,6 +271,16 @@ public final class SQLiteLedger: Ledger {
         await writer.close()
     }
 
+    /// Whether an SQLite failure can pass: busy, locked, I/O and a full disk can; a constraint,
+    /// a type mismatch or a value too big cannot.
+    static func kind(of error: any Error) -> LedgerError.Kind {
+        guard let error = error as? DatabaseError else { return .unavailable }
+        switch error.resultCode {
+        case .SQLITE_CONSTRAINT, .SQLITE_MISMATCH, .SQLITE_TOOBIG, .SQLITE_RANGE: return .refused
+        default: return .unavailable
+        }
+    }
+
     // MARK: - Reading (reports, tests)
 
     /// Every event, oldest first.
@@ -269,7 +301,7 @@ public struct SQLiteLedgerReader: Sendable {
         do {
             database = try DatabaseQueue(path: path, configuration: configuration)
         } catch {
-            throw LedgerError("cannot open the SQLite ledger at \(path): \(error)")
+            throw LedgerError(.unavailable, "cannot open the SQLite ledger at \(path): \(error)")
         }
     }
 
@@ -330,7 +362,7 @@ public struct SQLiteLedgerReader: Sendable {
         do {
             return try database.read(body)
         } catch {
-            throw LedgerError("cannot read the ledger: \(error)")
+            throw LedgerError(.unavailable, "cannot read the ledger: \(error)")
         }
     }
 }
@@ -368,6 +400,8 @@ final class BatchWriter: Sendable {
 
     private struct Queue {
         var jobs: [Job] = []
+        /// Small writes that must not wait behind the intake's large ones: steps' outcomes.
+        var urgent: [Job] = []
         var closed = false
         var finished: CheckedContinuation<Void, Never>? = nil
     }
@@ -384,22 +418,26 @@ final class BatchWriter: Sendable {
         thread.start()
     }
 
-    func submit<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws(LedgerError) -> T {
+    /// Runs `body` in the next transaction. An `urgent` write (a step's outcome: a revocation
+    /// answered and not yet recorded would be made again after a crash) goes in a transaction
+    /// of its own ahead of the queued intake writes, so it waits for at most the one already
+    /// running, not for every batch queued before it.
+    func submit<T: Sendable>(urgent: Bool = false, _ body: @escaping @Sendable (Database) throws -> T) async throws(LedgerError) -> T {
         let result: Result<T, LedgerError> = await withCheckedContinuation { continuation in
             let box = ResultBox<T>()
             let job = Job(execute: { db in box.set(try body(db)) }, complete: { error in
                 if let error {
-                    continuation.resume(returning: .failure(error as? LedgerError ?? LedgerError("ledger write failed: \(error)")))
+                    continuation.resume(returning: .failure(error as? LedgerError ?? LedgerError(SQLiteLedger.kind(of: error), "ledger write failed: \(error)")))
                 } else {
                     continuation.resume(returning: .success(box.take()))
                 }
             })
             let accepted = queue.withLock { q -> Bool in
                 guard !q.closed else { return false }
-                q.jobs.append(job)
+                if urgent { q.urgent.append(job) } else { q.jobs.append(job) }
                 return true
             }
-            if accepted { wakeUp.signal() } else { continuation.resume(returning: .failure(LedgerError("the ledger is closed"))) }
+            if accepted { wakeUp.signal() } else { continuation.resume(returning: .failure(LedgerError(.closed, "the ledger is closed"))) }
         }
         return try result.get()
     }
@@ -418,13 +456,16 @@ final class BatchWriter: Sendable {
     private func loop() {
         while true {
             wakeUp.wait()
-            let (batch, closed) = queue.withLock { q -> ([Job], Bool) in
-                let jobs = q.jobs
-                q.jobs = []
-                return (jobs, q.closed)
+            let (urgent, batch, closed) = queue.withLock { q -> ([Job], [Job], Bool) in
+                defer {
+                    q.urgent = []
+                    q.jobs = []
+                }
+                return (q.urgent, q.jobs, q.closed)
             }
+            if !urgent.isEmpty { run(urgent) }
             if !batch.isEmpty { run(batch) }
-            if closed, queue.withLock({ $0.jobs.isEmpty }) { break }
+            if closed, queue.withLock({ $0.jobs.isEmpty && $0.urgent.isEmpty }) { break }
         }
         exited.signal()
     }

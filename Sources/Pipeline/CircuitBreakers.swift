@@ -16,6 +16,9 @@ final class CircuitBreakers: Sendable {
     private struct Breaker {
         var failures = 0
         var openUntil: Double? = nil
+        /// When it last opened (or its cooldown last grew): failures of calls made before then
+        /// are already accounted for.
+        var openedAt: Double = 0
         var cooldown: Double
         var trialInFlight = false
         var lastSuccess: Double = 0
@@ -49,23 +52,42 @@ final class CircuitBreakers: Sendable {
     }
 
     /// Records a call's result: `reachable` is false for retryable failures (down, 5xx, 429).
-    func record(_ target: String, reachable: Bool) {
+    /// `calledAt` is when the call was made (`currentTime` then): a failure of a call already in
+    /// flight when the breaker opened tells nothing new and does not lengthen the cooldown —
+    /// only a call let through after it opened (the half-open trial) does.
+    func record(_ target: String, reachable: Bool, calledAt: Double? = nil) {
         let t = now()
         breakers.withLock { all in
             var b = all[target] ?? Breaker(cooldown: settings.cooldown)
             defer { all[target] = b }
-            b.trialInFlight = false
             if reachable {
                 b = Breaker(cooldown: settings.cooldown, lastSuccess: t)
                 return
             }
-            b.failures += 1
             if b.openUntil != nil {
+                if let calledAt, calledAt < b.openedAt { return }
+                b.trialInFlight = false
                 b.cooldown = min(settings.maximumCooldown, b.cooldown * 2)
                 b.openUntil = t + b.cooldown
-            } else if b.failures >= settings.threshold {
-                b.openUntil = t + b.cooldown
+                b.openedAt = t
+                return
             }
+            b.failures += 1
+            if b.failures >= settings.threshold {
+                b.openUntil = t + b.cooldown
+                b.openedAt = t
+            }
+        }
+    }
+
+    /// How long to wait before asking `allow` again: until the cooldown ends, or, while a
+    /// trial call is out, a short while (it may close the breaker any moment).
+    func retryDelay(_ target: String) -> Double {
+        let t = now()
+        return breakers.withLock { all -> Double in
+            guard let b = all[target], let until = b.openUntil else { return 0 }
+            if b.trialInFlight || until <= t { return 0.25 }
+            return min(until - t, 1)
         }
     }
 

@@ -34,7 +34,18 @@ public enum Disposition: Sendable, Equatable {
 
 /// Where invalid messages go, with the error as headers. Returns once the dead letter is durable.
 public protocol DeadLetterSink: Sendable {
-    func deadLetter(value: [UInt8], code: String, description: String, source: String) async throws
+    func deadLetter(value: [UInt8], code: String, description: String, source: String) async throws(DeadLetterError)
+}
+
+/// Why a dead letter could not be sent, and whether sending it again can help.
+public struct DeadLetterError: Error, Sendable, CustomStringConvertible {
+    public var description: String
+    public var isRetryable: Bool
+
+    public init(_ description: String, isRetryable: Bool) {
+        self.description = description
+        self.isRetryable = isRetryable
+    }
 }
 
 /// What acts on verified events: the planner (policy), subject resolution, and the executor
@@ -125,6 +136,13 @@ public struct EventProcessor: Sendable {
         /// Joins the next batch's preparation to this one, to be written together (with the
         /// two batches' messages joined the same way). Only a whole batch may be followed: a
         /// cut batch is always the last.
+        /// Keeps the first `count` messages; the rest are left for redelivery.
+        mutating func cut(at count: Int) {
+            self.count = count
+            entries.removeSubrange(count...)
+            verdicts.removeSubrange(count...)
+        }
+
         mutating func append(_ next: Prepared) {
             count += next.count
             entries += next.entries
@@ -231,12 +249,16 @@ public struct EventProcessor: Sendable {
                     metrics.verifyFailure(code)
                     let message = batch[i]
                     group.addTask {
-                        let ok = await retrying("dead-letter") { () async throws -> Bool in
+                        // A dead letter that can never be produced (refused by the cluster even
+                        // truncated) is kept in the ledger only: the message is still recorded
+                        // and committed, never retried for ever.
+                        let sent = await attempting("dead-letter") { () async throws -> Bool in
                             try await deadLetters.deadLetter(value: message.value, code: code, description: description,
                                                              source: message.source)
                             return true
                         }
-                        return (i, ok != nil)
+                        if case .stopped = sent { return (i, false) }
+                        return (i, true)
                     }
                 }
                 var failed: [Int] = []
@@ -275,8 +297,16 @@ public struct EventProcessor: Sendable {
     public func record(_ prepared: Prepared, _ batch: [IntakeMessage]) async -> Recorded {
         var dispositions = [Disposition?](repeating: .abandoned, count: batch.count)
         guard prepared.count > 0 else { return Recorded(dispositions: dispositions, work: []) }
-        guard let claims = await retrying("ledger", { try await ledger.record(prepared.entries) }) else {
-            return Recorded(dispositions: dispositions, work: [])
+        var prepared = prepared
+        let claims: [Claim?]
+        switch await attempting("ledger", { try await ledger.record(prepared.entries) }) {
+        case .done(let written): claims = written
+        case .stopped: return Recorded(dispositions: dispositions, work: [])
+        case .refused:
+            // One entry the store can never hold must not stop the others: they are written one
+            // by one, and an event the store refuses becomes a dead-lettered rejection.
+            guard let written = await recordOneByOne(&prepared, batch) else { return Recorded(dispositions: dispositions, work: []) }
+            claims = written
         }
         var work: [Work] = []
         // Outcomes counted here and added to the metrics once per batch.
@@ -327,6 +357,45 @@ public struct EventProcessor: Sendable {
             }
         }
         return Recorded(dispositions: dispositions, work: work)
+    }
+
+    /// Writes a batch's entries one at a time, in order; an event the ledger refuses for good
+    /// is dead-lettered and recorded as a rejection instead. Cuts `prepared` where the process
+    /// stopped; nil if it stopped before the first.
+    private func recordOneByOne(_ prepared: inout Prepared, _ batch: [IntakeMessage]) async -> [Claim?]? {
+        var claims: [Claim?] = []
+        for i in 0..<prepared.count {
+            switch await attempting("ledger", { try await ledger.record([prepared.entries[i]]) }) {
+            case .done(let written):
+                claims.append(written[0])
+                continue
+            case .stopped:
+                prepared.cut(at: i)
+                return claims.isEmpty ? nil : claims
+            case .refused(let error):
+                let message = batch[i]
+                let code = SETErrorCode.invalidRequest.rawValue
+                let description = "the ledger cannot store this event: \(error)"
+                let rejection = Rejection(token: message.value, source: message.source, code: code, description: description,
+                                          receivedAt: message.receivedAt)
+                if case .stopped = await attempting("dead-letter", {
+                    try await deadLetters.deadLetter(value: message.value, code: code, description: description, source: message.source)
+                }) {
+                    prepared.cut(at: i)
+                    return claims.isEmpty ? nil : claims
+                }
+                metrics.deadLettered()
+                metrics.verifyFailure(code)
+                prepared.entries[i] = .rejection(rejection)
+                prepared.verdicts[i] = .invalid(code: code, description: description)
+                if case .stopped = await attempting("ledger", { try await ledger.record([.rejection(rejection)]) }) {
+                    prepared.cut(at: i)
+                    return claims.isEmpty ? nil : claims
+                }
+                claims.append(nil)
+            }
+        }
+        return claims
     }
 
     /// A batch once durable: each message's disposition, or nil while its event's steps are
@@ -403,16 +472,16 @@ public struct EventProcessor: Sendable {
             ]
             stepLoop: while true {
                 guard breakers.allow(target) else {
-                    // The target is resting after repeated failures: wait without calling it.
+                    // The target is resting after repeated failures: wait without calling it,
+                    // and look again soon, so events flow as soon as the trial call succeeds.
                     metrics.retried("circuit_open")
-                    guard await stop.pause(backoff(attempt)) else { return nil }
-                    attempt += 1
+                    guard await stop.pause(breakers.retryDelay(target)) else { return nil }
                     continue
                 }
                 let calledAt = breakers.currentTime
                 var outcome = await engine.executor.execute(planned.action, context: context)
                 if case .retry = outcome {
-                    breakers.record(target, reachable: false)
+                    breakers.record(target, reachable: false, calledAt: calledAt)
                     // The target answered someone else since our last try, yet not us: this
                     // event, not the target, is the problem.
                     if let previousCall, breakers.succeeded(target, since: previousCall) { refusals += 1 }
@@ -437,12 +506,16 @@ public struct EventProcessor: Sendable {
                     failed = true
                     logger.critical("step failed permanently; dead-lettered", metadata: about.merging(["warden.reason": "\(reason)"]) { $1 })
                     let description = "\(step.kind) step \(step.index) failed: \(reason)"
-                    guard await retrying("dead-letter", { () async throws -> Bool in
+                    let sent = await attempting("dead-letter") { () async throws -> Bool in
                         try await deadLetters.deadLetter(value: work.message.value, code: "step-failed", description: description,
                                                          source: work.message.source)
                         return true
-                    }) != nil else { return nil }
-                    metrics.deadLettered()
+                    }
+                    switch sent {
+                    case .stopped: return nil
+                    case .done: metrics.deadLettered()
+                    case .refused: break  // kept in the ledger only: the step is recorded failed below
+                    }
                     guard await retrying("ledger", { try await ledger.recordStep(step.index, of: work.eventID, status: .failed,
                                                                                  detail: reason, finishing: isLast ? .failed : nil) })
                         != nil else { return nil }
@@ -453,7 +526,10 @@ public struct EventProcessor: Sendable {
                     logger.warning("step will be retried", metadata: about.merging([
                         "warden.reason": "\(reason)", "warden.attempt": "\(attempt)",
                     ]) { $1 })
-                    let wait = after.map { min(max($0, initialBackoff), 300) } ?? backoff(attempt)
+                    // While the target is down its breaker paces the calls: a step's own backoff
+                    // stays short, so the step runs again within seconds of the target's return.
+                    let wait = after.map { min(max($0, initialBackoff), 300) }
+                        ?? (breakers.isOpen(target) ? initialBackoff : backoff(attempt))
                     guard await stop.pause(wait) else { return nil }
                     attempt += 1
                 }
@@ -532,18 +608,51 @@ public struct EventProcessor: Sendable {
             issuedAt: verified.set.token.issuedAt, receivedAt: message.receivedAt)
     }
 
-    /// Runs `body` until it succeeds, backing off between failures; nil when stopping first.
-    private func retrying<T>(_ what: String, _ body: () async throws -> T) async -> T? {
+    /// What calling something until it succeeds came to.
+    enum Attempted<T> {
+        case done(T)
+        /// It failed in a way no retry can mend (a value the ledger cannot hold, a dead letter
+        /// the cluster will never take, a step recorded by another owner).
+        case refused(any Error)
+        /// The process is stopping.
+        case stopped
+    }
+
+    /// Runs `body` until it succeeds, backing off between failures a retry may mend; a failure
+    /// that no retry can mend is returned at once, and counted.
+    func attempting<T>(_ what: String, _ body: () async throws -> T) async -> Attempted<T> {
         var attempt = 0
         while true {
             do {
-                return try await body()
+                return .done(try await body())
             } catch {
+                guard Self.isRetryable(error) else {
+                    metrics.counter("warden_permanent_failures_total", [("what", what)]).increment()
+                    logger.critical("\(what) failed for good; not retried", metadata: ["warden.reason": "\(error)"])
+                    return .refused(error)
+                }
                 metrics.retried(what)
                 logger.error("\(what) failed; will retry", metadata: ["warden.reason": "\(error)", "warden.attempt": "\(attempt)"])
-                guard await stop.pause(backoff(attempt)) else { return nil }
+                guard await stop.pause(backoff(attempt)) else { return .stopped }
                 attempt += 1
             }
+        }
+    }
+
+    /// `attempting`, for callers to whom a refusal and a stop mean the same: leave the work for
+    /// later (nil).
+    private func retrying<T>(_ what: String, _ body: () async throws -> T) async -> T? {
+        if case .done(let value) = await attempting(what, body) { return value }
+        return nil
+    }
+
+    /// Whether a retry may mend `error`: each error type says so; anything else is assumed
+    /// transient.
+    static func isRetryable(_ error: any Error) -> Bool {
+        switch error {
+        case let error as LedgerError: error.isRetryable
+        case let error as DeadLetterError: error.isRetryable
+        default: true
         }
     }
 

@@ -1,6 +1,7 @@
 import Foundation
 public import Kafka
 import Ledger
+import SecurityEvents
 import Synchronization
 public import Logging
 public import ServiceLifecycle
@@ -154,13 +155,30 @@ public struct KafkaDeadLetters: DeadLetterSink {
         self.topic = topic
     }
 
-    public func deadLetter(value: [UInt8], code: String, description: String, source: String) async throws {
+    /// What a dead letter keeps of a value the cluster will not take whole.
+    static let truncatedBytes = 16 * 1024
+
+    public func deadLetter(value: [UInt8], code: String, description: String, source: String) async throws(DeadLetterError) {
         let address = source.hasPrefix("kafka:") ? String(source.dropFirst("kafka:".count)) : source
-        _ = try await producer.send(topic: topic, value: value, headers: [
+        var headers = [
             KafkaHeader("warden-error", code),
             KafkaHeader("warden-error-description", description),
             KafkaHeader("warden-source", address),
-        ])
+        ]
+        do {
+            do {
+                _ = try await producer.send(topic: topic, value: value, headers: headers)
+            } catch where error.isMessageTooLarge && value.count > Self.truncatedBytes {
+                // The original cannot be produced whole (a junk message of about the size
+                // limit, plus our headers): a truncated copy goes instead, saying so; the
+                // ledger's record of the delivery keeps the whole value.
+                headers.append(KafkaHeader("warden-truncated", "\(value.count) bytes, the first \(Self.truncatedBytes) kept; sha256 "
+                                           + TokenFingerprint.fingerprint(value)))
+                _ = try await producer.send(topic: topic, value: Array(value.prefix(Self.truncatedBytes)), headers: headers)
+            }
+        } catch {
+            throw DeadLetterError(error.description, isRetryable: error.isRetryable)
+        }
     }
 }
 

@@ -65,11 +65,11 @@ public struct JSONObject: Sendable, Hashable, Sequence {
 
     public subscript(name: String) -> JSONValue? {
         get {
-            for member in members where member.name == name { return member.value }
+            for member in members where sameName(member.name, name) { return member.value }
             return nil
         }
         set {
-            if let index = members.firstIndex(where: { $0.name == name }) {
+            if let index = members.firstIndex(where: { sameName($0.name, name) }) {
                 if let newValue { members[index].value = newValue } else { members.remove(at: index) }
             } else if let newValue {
                 members.append((name, newValue))
@@ -107,6 +107,25 @@ public struct JSONObject: Sendable, Hashable, Sequence {
         }
         hasher.combine(count)
         hasher.combine(combined)
+    }
+}
+
+/// Whether two member names are the same name: compared code point by code point (RFC 8259
+/// §8.3), not by Swift's `==`, which takes canonically equivalent strings as equal — "K"
+/// (U+004B) and the Kelvin sign (U+212A) are two names, and a member must not pass for another.
+@inline(__always)
+func sameName(_ a: String, _ b: String) -> Bool {
+    a.utf8.elementsEqual(b.utf8)
+}
+
+/// A member name hashed and compared by its code points, for the parser's duplicate check.
+struct CodePointName: Hashable {
+    let text: String
+
+    static func == (lhs: CodePointName, rhs: CodePointName) -> Bool { sameName(lhs.text, rhs.text) }
+
+    func hash(into hasher: inout Hasher) {
+        for byte in text.utf8 { hasher.combine(byte) }
     }
 }
 
@@ -241,7 +260,7 @@ public enum JSONParser {
                 index += 1
                 return object
             }
-            var seen: Set<String>? = nil
+            var seen: Set<CodePointName>? = nil
             while true {
                 skipWhitespace()
                 guard index < buffer.count, buffer[index] == UInt8(ascii: "\"") else { throw fail() }
@@ -249,11 +268,11 @@ public enum JSONParser {
                 let name = try parseString()
                 // Small objects: a linear scan is cheaper than hashing; large ones use a set.
                 if object.count < 16 {
-                    for member in object.members where member.name == name {
+                    for member in object.members where sameName(member.name, name) {
                         throw JSONParseError(kind: .duplicateMember(name), offset: nameOffset)
                     }
-                    if object.count == 15 { seen = Set(object.members.map(\.name)); seen!.insert(name) }
-                } else if seen!.insert(name).inserted == false {
+                    if object.count == 15 { seen = Set(object.members.map { CodePointName(text: $0.name) }); seen!.insert(CodePointName(text: name)) }
+                } else if seen!.insert(CodePointName(text: name)).inserted == false {
                     throw JSONParseError(kind: .duplicateMember(name), offset: nameOffset)
                 }
                 skipWhitespace()

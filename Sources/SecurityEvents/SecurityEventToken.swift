@@ -124,6 +124,11 @@ extension SecurityEventToken {
         guard jti.utf8.count <= maximumJTILength else {
             throw fail(.invalidClaim("jti"), "\"jti\" is longer than \(maximumJTILength) bytes")
         }
+        // The jti is a key of the ledger and of reports, stored as text; PostgreSQL's text
+        // cannot hold U+0000, and no identifier needs it.
+        guard !jti.utf8.contains(0) else {
+            throw fail(.invalidClaim("jti"), "\"jti\" contains a NUL character (U+0000), which an identifier may not hold")
+        }
 
         var audience: [String] = []
         switch audClaim {

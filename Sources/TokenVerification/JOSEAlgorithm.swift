@@ -72,7 +72,7 @@ public enum JOSEAlgorithm: String, Sendable, Hashable, CaseIterable, Comparable 
     public static func refusal(for name: String) -> String {
         let upper = name.uppercased()
         if upper == "NONE" { return "unsigned tokens (alg \"none\") are never accepted" }
-        if upper.hasPrefix("HS") { return "HMAC algorithms (\(name.prefix(16))) are never accepted from an external issuer" }
-        return "the algorithm \"\(name.prefix(32))\" is not supported (supported: \(allCases.map(\.rawValue).joined(separator: ", ")))"
+        if upper.hasPrefix("HS") { return "HMAC algorithms (\(quoted(name, limit: 16))) are never accepted from an external issuer" }
+        return "the algorithm \(quoted(name, limit: 32)) is not supported (supported: \(allCases.map(\.rawValue).joined(separator: ", ")))"
     }
 }

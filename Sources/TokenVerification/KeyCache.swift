@@ -1,6 +1,7 @@
 public import AsyncHTTPClient
 public import Foundation
 public import Logging
+import HTTPExchange
 import NIOCore
 import NIOHTTP1
 import SecurityEvents
@@ -50,24 +51,17 @@ public struct HTTPKeyFetcher: KeyDocumentFetching {
         var request = HTTPClientRequest(url: url.absoluteString)
         request.headers.add(name: "Accept", value: "application/json")
         request.headers.add(name: "User-Agent", value: "warden")
-        let deadline = TimeAmount.milliseconds(Int64(max(timeout, 0.001) * 1000))
-        let response: HTTPClientResponse
+        let exchange: HTTPExchange
         do {
-            response = try await client.execute(request, timeout: deadline)
+            exchange = try await client.exchange(request, timeout: timeout, maximumBodyBytes: maximumBytes)
         } catch {
             throw KeyFetchError("GET \(url.absoluteString) failed: \(error)")
         }
-        guard response.status == .ok else {
-            throw KeyFetchError("GET \(url.absoluteString) answered \(response.status.code)")
+        guard exchange.status == .ok else {
+            throw KeyFetchError("GET \(url.absoluteString) answered \(exchange.status.code)")
         }
-        let body: ByteBuffer
-        do {
-            body = try await response.body.collect(upTo: maximumBytes)
-        } catch {
-            throw KeyFetchError("GET \(url.absoluteString): body unreadable or over \(maximumBytes) bytes (\(error))")
-        }
-        return FetchedDocument(body: Array(body.readableBytesView),
-                               maxAge: CacheControl.maxAge(response.headers["Cache-Control"]))
+        return FetchedDocument(body: Array(exchange.body.readableBytesView),
+                               maxAge: CacheControl.maxAge(exchange.headers["Cache-Control"]))
     }
 }
 
@@ -153,6 +147,11 @@ public actor IssuerKeyCache {
             guard let expiresAt = snapshot?.expiresAt, now < expiresAt else { return nil }
             return snapshot?.keys[keyID]
         }
+    }
+
+    /// Whether keys are published and still fresh at `now` (not merely usable while stale).
+    public nonisolated func isFresh(at now: Double) -> Bool {
+        published.withLock { snapshot in snapshot.map { now < $0.expiresAt } ?? false }
     }
 
     /// What a verification should use.

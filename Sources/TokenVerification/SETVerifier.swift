@@ -86,8 +86,12 @@ public final class SETVerifier: Sendable {
             case .unavailable(let reason): return .failure(VerificationError(.keysUnavailable, reason))
             case .keys(let keys): entry = keys[keyID]
             }
-            if entry == nil, let failure = await issuer.keys.lastFetchFailure {
-                // The provider may have rotated to a key we cannot fetch yet: not a verdict.
+            // Keys past their freshness, a refresh that failed: the provider may have rotated to a
+            // key we cannot fetch yet, so this is not a verdict. Keys still fresh are the
+            // provider's current set, and a kid they lack is refused whether or not the refresh
+            // it caused succeeded: a forged kid sent while the provider is down must not pass
+            // for a rotation and hold the token's partition.
+            if entry == nil, !issuer.keys.isFresh(at: clock.now()), let failure = await issuer.keys.lastFetchFailure {
                 return .failure(VerificationError(.keysUnavailable,
                     "no key \(quoted(keyID)) is cached for issuer \(quoted(issuer.policy.issuer)) and the JWKS cannot be fetched: \(failure)"))
             }
@@ -236,10 +240,10 @@ public final class SETVerifier: Sendable {
 
     private func checkTimes(_ set: SecurityEventToken, policy: IssuerPolicy, now: Double) throws(VerificationError) {
         if set.issuedAt > now + policy.clockSkew {
-            throw VerificationError(.issuedInFuture, "\"iat\" is \(Int(set.issuedAt - now)) s in the future; at most \(Int(policy.clockSkew)) s of clock skew is allowed")
+            throw VerificationError(.issuedInFuture, "\"iat\" is \(wholeSeconds(set.issuedAt - now)) s in the future; at most \(wholeSeconds(policy.clockSkew)) s of clock skew is allowed")
         }
         if let maximumAge = policy.maximumAge, now - set.issuedAt > maximumAge {
-            throw VerificationError(.tooOld, "the token was issued \(Int(now - set.issuedAt)) s ago; the configured maximum age is \(Int(maximumAge)) s")
+            throw VerificationError(.tooOld, "the token was issued \(wholeSeconds(now - set.issuedAt)) s ago; the configured maximum age is \(wholeSeconds(maximumAge)) s")
         }
     }
 
@@ -276,7 +280,7 @@ public final class SETVerifier: Sendable {
                 throw VerificationError(.missingClaim, "the logout token has no \"exp\" claim")
             }
             if now > exp + policy.clockSkew {
-                throw VerificationError(.expired, "the logout token expired \(Int(now - exp)) s ago")
+                throw VerificationError(.expired, "the logout token expired \(wholeSeconds(now - exp)) s ago")
             }
             if set.claims["nonce"] != nil {
                 throw VerificationError(.invalidClaim, "a logout token must not carry \"nonce\"")
@@ -376,8 +380,8 @@ struct ParsedToken {
         guard let kidValue else {
             throw VerificationError(.missingKeyID, "the header has no \"kid\"; the signing key must be named")
         }
-        guard let kid = kidValue.stringValue, !kid.isEmpty, kid.utf8.count <= KeySet.maximumKeyIDLength else {
-            throw VerificationError(.missingKeyID, "the header's \"kid\" must be a non-empty string of at most \(KeySet.maximumKeyIDLength) bytes")
+        guard let kid = kidValue.stringValue, !kid.isEmpty, kid.utf8.count <= KeySet.maximumKeyIDLength, !kid.utf8.contains(0) else {
+            throw VerificationError(.missingKeyID, "the header's \"kid\" must be a non-empty string of at most \(KeySet.maximumKeyIDLength) bytes, without NUL characters")
         }
         var type: String? = nil
         if let typValue {

@@ -50,7 +50,12 @@ public struct VerificationError: Error, Sendable, Equatable, CustomStringConvert
 
     public init(_ kind: Kind, _ description: String) {
         self.kind = kind
-        self.description = description
+        // A description may quote what an attacker wrote (an event URI, a member name). It goes
+        // to logs, dead-letter headers and the ledger's text columns, so control characters
+        // (U+0000 above all, which PostgreSQL's text refuses) are replaced here, once.
+        self.description = description.utf8.contains(where: { $0 < 0x20 || $0 == 0x7F })
+            ? String(description.unicodeScalars.map { $0.value < 0x20 || $0.value == 0x7F ? "?" : Character($0) })
+            : description
     }
 
     /// The RFC 8935 code; nil for `keysUnavailable`, which is not a verdict on the token.
@@ -76,4 +81,11 @@ func quoted(_ text: String, limit: Int = 80) -> String {
     let cleaned = String(text.unicodeScalars.map { $0.value < 0x20 || $0.value == 0x7F ? "?" : Character($0) })
     if cleaned.count <= limit { return "\"\(cleaned)\"" }
     return "\"\(cleaned.prefix(limit))…\""
+}
+
+/// A number of seconds for a message, whole. The claims a token carries may hold any number
+/// JSON allows (1e300 is a valid `iat`), so this never converts what it cannot hold.
+func wholeSeconds(_ value: Double) -> String {
+    guard abs(value) < 1e15 else { return value > 0 ? "more than 10^15" : "less than -10^15" }
+    return String(Int64(value.rounded(.towardZero)))
 }

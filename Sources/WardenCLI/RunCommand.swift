@@ -83,6 +83,23 @@ struct Worker {
             announce("ledger: \(location)")
         }
         let client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: .init(redirectConfiguration: .disallow))
+        let group: ServiceGroup
+        do {
+            group = try makeGroup(ledger: ledger, brokers: brokers, client: client)
+        } catch {
+            // Whatever refused to start (a Kafka property, a target), the HTTP client is shut
+            // down before it is released, and the ledger closed: the error is what is reported.
+            try? await client.shutdown()
+            await ledger.close()
+            throw error
+        }
+        try await group.run()
+        logger.info("stopped")
+    }
+
+    /// The worker's services; throws, starting nothing, when a part refuses its settings.
+    private func makeGroup(ledger: any Ledger, brokers: String, client: HTTPClient) throws -> ServiceGroup {
+        let kafka = configuration.kafka!
         let verifier = configuration.makeVerifier(client: client, logger: logger)
         let registry = PrometheusCollectorRegistry()
         let metrics = WardenMetrics(factory: PrometheusMetricsFactory(registry: registry))
@@ -127,7 +144,7 @@ struct Worker {
             announce("http: \(configuration.http.host):\(port) (/healthz, /readyz, /metrics)")
         }
 
-        let group = ServiceGroup(configuration: .init(
+        return ServiceGroup(configuration: .init(
             services: [
                 // Shut down in reverse order: intake first, the ledger last.
                 .init(service: CloseOnShutdown { await ledger.close() }),
@@ -144,8 +161,6 @@ struct Worker {
             ],
             gracefulShutdownSignals: [.sigterm, .sigint],
             logger: logger))
-        try await group.run()
-        logger.info("stopped")
     }
 }
 

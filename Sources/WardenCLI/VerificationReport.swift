@@ -22,7 +22,12 @@ public enum VerificationReport {
         if let typ = verified.header.type { o["typ"] = .string(typ) }
         o["profile"] = .string(verified.profile.rawValue)
         o["key_thumbprint"] = .string(verified.keyThumbprint)
-        o["events"] = .array(token.events.map(\.reportJSON))
+        // Subjects are shown redacted already; an event's other members are redacted here.
+        o["events"] = .array(token.events.map { event in
+            guard case .object(var report) = event.reportJSON, let attributes = report["attributes"] else { return event.reportJSON }
+            report["attributes"] = redacted(attributes)
+            return .object(report)
+        })
         if let subject = token.subjectIdentifier { o["sub_id"] = subject.json }
         let unknown = token.unknownEventTypes
         if !unknown.isEmpty { o["unknown_event_types"] = .array(unknown.map { .string($0.uri) }) }
@@ -40,23 +45,28 @@ public enum VerificationReport {
         return .object(o)
     }
 
-    /// The claims as received, except token identifiers inside `oauth_token` subjects, which are
-    /// shown only as a short prefix.
+    /// The claims as received, except token values, which are shown only as a short prefix:
+    /// every string member named `token`, wherever it is — an `oauth_token` subject in an
+    /// event, in `sub_id`, in an `aliases` list or a `complex` subject's members.
     static func redactedClaims(_ claims: JSONObject) -> JSONObject {
-        var out = claims
-        guard let events = claims["events"]?.objectValue else { return out }
-        var redactedEvents = JSONObject()
-        for (uri, payload) in events {
-            guard var p = payload.objectValue, var subject = p["subject"]?.objectValue,
-                  let token = subject["token"]?.stringValue else {
-                redactedEvents[uri] = payload
-                continue
+        guard case .object(let redacted) = redacted(.object(claims)) else { return claims }
+        return redacted
+    }
+
+    static func redacted(_ value: JSONValue) -> JSONValue {
+        switch value {
+        case .object(let object):
+            var out = JSONObject()
+            for (name, member) in object {
+                if name == "token", let token = member.stringValue {
+                    out[name] = .string(TokenFingerprint.redact(token))
+                } else {
+                    out[name] = redacted(member)
+                }
             }
-            subject["token"] = .string(TokenFingerprint.redact(token))
-            p["subject"] = .object(subject)
-            redactedEvents[uri] = .object(p)
+            return .object(out)
+        case .array(let items): return .array(items.map(redacted))
+        default: return value
         }
-        out["events"] = .object(redactedEvents)
-        return out
     }
 }

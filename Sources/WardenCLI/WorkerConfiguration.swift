@@ -1,4 +1,5 @@
 public import Ledger
+import Kafka
 import Foundation
 
 /// The `kafka:` section.
@@ -32,6 +33,11 @@ public struct KafkaSettings: Sendable, Equatable {
         for name in try p.keys() {
             guard let value = try p.child(name).string() else { throw p.child(name).error("needs a value") }
             properties[name] = value
+            do {
+                try KafkaProperties([name: value]).validate()
+            } catch {
+                throw p.child(name).error(error.message)
+            }
         }
         return KafkaSettings(
             brokers: try r.child("brokers").requiredString(),

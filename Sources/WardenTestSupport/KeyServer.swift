@@ -16,12 +16,17 @@ public final class KeyServer: Sendable {
         public var headers: [String: String]
         /// Seconds to wait before answering (to exercise timeouts).
         public var delay: Double
+        /// Seconds to stall after sending the head and the first half of the body (a server
+        /// that answers and then hangs).
+        public var stallAfterHead: Double
 
-        public init(body: String, status: Int = 200, headers: [String: String] = [:], delay: Double = 0) {
+        public init(body: String, status: Int = 200, headers: [String: String] = [:], delay: Double = 0,
+                    stallAfterHead: Double = 0) {
             self.body = body
             self.status = status
             self.headers = headers
             self.delay = delay
+            self.stallAfterHead = stallAfterHead
         }
     }
 
@@ -118,8 +123,21 @@ public final class KeyServer: Sendable {
             for (name, value) in document.headers {
                 if let fieldName = HTTPField.Name(name) { fields[fieldName] = value }
             }
+            guard document.stallAfterHead > 0 else {
+                return Response(status: .init(code: document.status), headers: fields,
+                                body: .init(byteBuffer: ByteBuffer(string: document.body)))
+            }
+            let bytes = Array(document.body.utf8)
+            let stallUntil = ContinuousClock.now + .milliseconds(Int(document.stallAfterHead * 1000))
             return Response(status: .init(code: document.status), headers: fields,
-                            body: .init(byteBuffer: ByteBuffer(string: document.body)))
+                            body: .init(contentLength: bytes.count) { writer in
+                                try await writer.write(ByteBuffer(bytes: bytes.prefix(bytes.count / 2)))
+                                while ContinuousClock.now < stallUntil, !self.state.withLock({ $0.stopping }) {
+                                    try await Task.sleep(for: .milliseconds(20))
+                                }
+                                try await writer.write(ByteBuffer(bytes: bytes.dropFirst(bytes.count / 2)))
+                                try await writer.finish(nil)
+                            })
         }
         var logger = Logger(label: "key-server")
         logger.logLevel = .critical

@@ -121,4 +121,21 @@ struct HTTPStepTests {
         #expect(await notifier.notify(context, eventType: context.eventType, at: hook).result == "retry")
         #expect(await notifier.notify(context, eventType: context.eventType, at: hook).result == "failed")
     }
+
+    // A webhook or revocation endpoint that answers its head and then stalls: the step's
+    // deadline covers the body, so the step ends (to be retried) instead of hanging for ever.
+    @Test func endpointsThatStallAfterTheirHeadEndTheStepWithinItsDeadline() async throws {
+        let server = try await KeyServer.start()
+        server.serve("/hook", .init(body: String(repeating: "x", count: 2048), stallAfterHead: 600))
+        server.serve("/revoke", .init(body: String(repeating: "x", count: 2048), stallAfterHead: 600))
+        let hook = WebhookEndpoint(url: URL(string: server.url("/hook"))!, hmacSecret: [1, 2, 3], timeout: 0.5)
+        let context = StepContext(token: token("sessions-revoked"), user: "u1")
+        let notified = await WebhookNotifier(http: Self.http).notify(context, eventType: "x", at: hook)
+        guard case .retry(let reason, _) = notified else { Issue.record("\(notified)"); return }
+        #expect(reason.contains("no complete answer within"))
+        let revoked = await RevocationClient(http: Self.http).revoke("1//t", hint: nil, at: endpoint(server, .none(clientID: nil), timeout: 0.5))
+        guard case .retry(let why, _) = revoked else { Issue.record("\(revoked)"); return }
+        #expect(why.contains("no complete answer within"))
+        await server.stop()
+    }
 }

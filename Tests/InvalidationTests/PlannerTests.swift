@@ -24,6 +24,25 @@ struct PlannerTests {
         }
     }
 
+    // Issuer A (the signer) names an account of issuer B: {iss} stays A, no {sub} is taken
+    // from B's account, and the identity resolver finds no local user.
+    @Test func aSubjectIsScopedToTheIssuerThatSignedTheToken() async {
+        let foreign = #"{"subject_type":"iss-sub","iss":"https://other-issuer.example/","sub":"victim"}"#
+        let forged = token("sessions-revoked", subject: foreign)
+        let values = Planner.values(for: forged.events[0], in: forged, resolution: .unresolved)
+        #expect(values["iss"] == "https://accounts.google.com/")
+        #expect(values["sub"] == nil)
+        #expect(await IdentityResolver().resolve(forged) == .resolved(.unresolved))
+        let scoped = Planner(policy: Policy(rules: [EventURIPrefix.risc + "sessions-revoked":
+            [PolicyRule(.purgeSet(target: "sessions", set: "sessions:{iss}|{sub}"))]]))
+        #expect(scoped.plan(forged, subject: .unresolved).steps.isEmpty)
+        // The signer's own account resolves as before.
+        let own = token("sessions-revoked")
+        #expect(await IdentityResolver().resolve(own) == .resolved(.user("1234")))
+        #expect(scoped.plan(own, subject: .unresolved).steps.map(\.action)
+                == [.purgeSet(target: "sessions", set: "sessions:https://accounts.google.com/|1234")])
+    }
+
     @Test func sessionsRevokedPurgesTheUsersSessionSet() {
         let plan = planner.plan(token("sessions-revoked"), subject: .user("u-42"))
         #expect(plan.steps.map(\.action) == [.purgeSet(target: "sessions", set: "user-sessions:u-42"), .notify(target: "app")])
@@ -96,7 +115,12 @@ struct PlannerTests {
         #expect(plan.steps.first?.action == .purgeSet(target: "sessions", set: "user-sessions:local-1"))
         let caep = token(EventURIPrefix.caep + "session-revoked", subject: subject)
         let values = Planner.values(for: caep.events[0], in: caep, resolution: .user("local-1"))
-        #expect(values["sid"] == "sess-abc" && values["sub"] == "u-1" && values["iss"] == "https://idp/")
+        // The user member names another issuer's account: {iss} stays the signer's, and no
+        // {sub} is taken from it.
+        #expect(values["sid"] == "sess-abc" && values["sub"] == nil && values["iss"] == "https://accounts.google.com/")
+        let own = token(EventURIPrefix.caep + "session-revoked",
+                        subject: subject.replacingOccurrences(of: "https://idp/", with: "https://accounts.google.com/"))
+        #expect(Planner.values(for: own.events[0], in: own, resolution: .unresolved)["sub"] == "u-1")
     }
 }
 

@@ -111,6 +111,14 @@ struct LedgerContractTests {
             try await ledger.recordStep(0, of: id, status: .done, detail: "2 keys deleted")
             _ = try await ledger.claim(E.event(jti: "o"), outcome: .pending, steps: [])  // a redelivery: outbox untouched
             await #expect(throws: LedgerError.self) { try await ledger.recordStep(5, of: id, status: .done, detail: "") }
+            // A step is recorded once: a second owner of the event (after a rebalance) learns
+            // that it was not first, and the first outcome stays.
+            do {
+                try await ledger.recordStep(0, of: id, status: .failed, detail: "late")
+                Issue.record("a recorded step was recorded again")
+            } catch {
+                #expect(error.kind == .conflict && error.message.contains("already recorded done"))
+            }
             await #expect(throws: LedgerError.self) { try await ledger.record(outcome: .processed, forEvent: id + 100) }
             await ledger.close()
         }
@@ -121,6 +129,45 @@ struct LedgerContractTests {
         #expect(try await reopened.events().first?.outcome == "failed")
         #expect(try await reopened.events().first?.steps == #"["purge-set","notify"]"#)
         await reopened.close()
+    }
+
+    // Texts an attacker shapes may hold U+0000. A description or a step's detail is stored
+    // (PostgreSQL's text cannot hold U+0000: there it becomes U+FFFD); an identifier holding
+    // it is stored whole and de-duplicated by its whole value where the store can hold it
+    // (SQLite), and refused as a value that can never be written where it cannot (PostgreSQL)
+    // — never a trap, never an error that says a retry could help.
+    @Test(arguments: Backend.allCases) func textsHoldingNULAreStoredOrRefusedForGood(_ backend: Backend) async throws {
+        let storage = try await LedgerUnderTest(backend)
+        let ledger = try await storage.open()
+        _ = try await ledger.record([.rejection(Rejection(token: [0x41, 0, 0x42], source: "kafka:t/0/1", code: "invalid_key",
+                                                          description: "the algorithm \"X\u{0}\" is not supported", receivedAt: 1))])
+        #expect(try await ledger.deliveries().first?.errorDescription?.hasPrefix("the algorithm \"X") == true)
+        guard case .new(let id) = try await ledger.claim(E.event(jti: "step-detail"), outcome: .pending,
+                                                         steps: [OutboxStep(index: 0, kind: "purge-set", action: "{}")]) else {
+            Issue.record("not new"); return
+        }
+        try await ledger.recordStep(0, of: id, status: .done, detail: "user-sessions:a\u{0}b purged")
+        #expect(try await ledger.steps(ofEvent: id).first?.status == .done)
+        switch backend {
+        case .sqlite:
+            guard case .new(let nul) = try await ledger.claim(E.event(jti: "a\u{0}b"), outcome: .pending, steps: []) else {
+                Issue.record("not new"); return
+            }
+            #expect(try await ledger.claim(E.event(jti: "a\u{0}b", source: "kafka:t/0/2"), outcome: .pending, steps: [])
+                    == .duplicate(eventID: nul))
+            guard case .new = try await ledger.claim(E.event(jti: "a"), outcome: .pending, steps: []) else {
+                Issue.record("a jti cut at its NUL was taken for another"); return
+            }
+        case .postgres:
+            do {
+                _ = try await ledger.claim(E.event(jti: "a\u{0}b"), outcome: .pending, steps: [])
+                Issue.record("PostgreSQL cannot hold U+0000 in text; the claim must be refused")
+            } catch {
+                #expect(error.kind == .refused)
+                #expect(!error.isRetryable)
+            }
+        }
+        await ledger.close()
     }
 
     @Test func postgresTablesAreReadableByAnotherClient() async throws {

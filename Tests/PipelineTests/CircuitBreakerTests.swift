@@ -40,6 +40,27 @@ struct CircuitBreakerTests {
         #expect(breakers.allow("redis") && breakers.allow("redis"))
     }
 
+    // 76 calls in flight when the target starts refusing: their failures open the breaker
+    // once; they do not push its cooldown towards the cap.
+    @Test func failuresOfCallsInFlightWhenItOpenedDoNotLengthenTheCooldown() {
+        let clock = Clock()
+        let breakers = CircuitBreakers(settings: .init(threshold: 5, cooldown: 5, maximumCooldown: 300), now: { clock.now })
+        let calledAt = clock.now
+        for _ in 0..<76 { #expect(breakers.allow("revoke")) }
+        clock.advance(0.2)
+        for _ in 0..<76 { breakers.record("revoke", reachable: false, calledAt: calledAt) }
+        #expect(breakers.isOpen("revoke"))
+        #expect(!breakers.allow("revoke"))
+        clock.advance(5)
+        // The first cooldown, not 300 s: the trial call goes out after 5 s.
+        #expect(breakers.allow("revoke"))
+        let trialAt = clock.now
+        breakers.record("revoke", reachable: true, calledAt: trialAt)
+        #expect(!breakers.isOpen("revoke"))
+        #expect(breakers.allow("revoke"))
+        #expect(breakers.retryDelay("revoke") == 0)
+    }
+
     @Test func tellsWhetherATargetSucceededSinceAMoment() {
         let clock = Clock()
         let breakers = CircuitBreakers(now: { clock.now })

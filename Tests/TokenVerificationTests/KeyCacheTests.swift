@@ -148,13 +148,23 @@ struct KeyCacheTests {
         await s.shutdown()
     }
 
-    @Test func unknownKeyWhileTheProviderIsDownIsRetryable() async throws {
+    @Test func unknownKeyWhileTheProviderIsDownIsRefusedWhileTheKeysAreFresh() async throws {
         let s = try await setUp()
         #expect(await s.verifier.verify(try token(s)).value != nil)
         await s.server.stop()
         s.clock.advance(by: 120)
-        // A kid we have never seen, and the JWKS cannot be fetched: maybe a rotation we missed.
+        // A forged kid while the JWKS cannot be fetched: the keys are still fresh, so they are
+        // the provider's current set, and the token is refused — not held as "keys unavailable",
+        // which would let anyone who can write to the topic stop its partition.
+        let forged = await s.verifier.verify(try token(s, key: Keys.rsaRotated))
+        #expect(forged.error?.kind == .unknownKeyID)
+        #expect(forged.error?.code == .invalidKey)
+        // Past the keys' freshness (1 h) the cached set may predate a rotation we missed: then
+        // an unknown kid is not a verdict.
+        s.clock.advance(by: 3_600)
         #expect(await s.verifier.verify(try token(s, key: Keys.rsaRotated)).error?.kind == .keysUnavailable)
+        // The known key still verifies from the stale keys.
+        #expect(await s.verifier.verify(try token(s)).value != nil)
         await s.shutdown()
     }
 
@@ -186,6 +196,20 @@ struct KeyCacheTests {
         s.server.serve(jwksPath, .init(body: SETMinter.jwks([Keys.rsa]), delay: 5))
         let result = await s.verifier.verify(try token(s))
         #expect(result.error?.kind == .keysUnavailable)
+        await s.shutdown()
+    }
+
+    // A provider that sends its head and then stalls in the body: the deadline covers the body
+    // too, so the refresh (and the verifications waiting on it) ends.
+    @Test func timesOutOnAProviderThatStallsAfterItsHead() async throws {
+        var settings = KeyCacheSettings()
+        settings.fetchTimeout = 0.5
+        let s = try await setUp(settings: settings, useDiscovery: false)
+        s.server.serve(jwksPath, .init(body: SETMinter.jwks([Keys.rsa]), headers: ["Content-Type": "application/json"],
+                                       stallAfterHead: 600))
+        let result = await s.verifier.verify(try token(s))
+        #expect(result.error?.kind == .keysUnavailable)
+        #expect(await s.cache.lastFetchFailure?.contains("no complete answer within") == true)
         await s.shutdown()
     }
 

@@ -384,6 +384,58 @@ struct VerifierRejectionTests {
         expect(await v.verify(try SETMinter.token(claims: future, key: Keys.rsa)), .issuedInFuture, .invalidRequest)
     }
 
+    // Numbers JSON allows but no Int holds: refused with a message, never a trap (a trap on an
+    // uncommitted message is a crash loop for every replica that takes its partition).
+    @Test(arguments: [9.3e18, 1e300])
+    func absurdIssuedAtIsRefusedWithoutTrapping(_ iat: Double) async throws {
+        var claims = Fixture.riscClaims(clock)
+        claims["iat"] = .number(iat)
+        let result = await verifier(maximumAge: 3_600).verify(try SETMinter.token(claims: claims, key: Keys.rsa))
+        expect(result, .issuedInFuture, .invalidRequest)
+        #expect(result.error?.description.contains("10^15") == true)
+    }
+
+    @Test func logoutExpFarInThePastIsRefusedWithoutTrapping() async throws {
+        let claims: JSONObject = ["iss": .string(Fixture.issuer), "aud": .string(Fixture.audience), "iat": .number(clock.now),
+                                  "exp": .number(-9.3e18), "jti": "l-1", "sid": "s-1",
+                                  "events": .object([EventURIPrefix.backchannelLogout: .object([:])])]
+        let result = await verifier(profile: .logout).verify(try SETMinter.token(claims: claims, key: Keys.rsa))
+        expect(result, .expired, .invalidRequest)
+    }
+
+    // Member names are compared by code points: "K" and the Kelvin sign (U+212A) are two names,
+    // so neither is a duplicate of the other, and neither can be read as the other.
+    @Test func memberNamesAreComparedByCodePoints() async throws {
+        var text = claimsJSON
+        text.removeLast()
+        text += #","K":1,"\u212A":2}"#
+        let token = try SETMinter.token(headerJSON: #"{"alg":"RS256","kid":"rsa-1"}"#, claimsJSON: text, key: Keys.rsa)
+        let verified = try #require(await verifier().verify(token).value)
+        #expect(verified.token.claims["K"] == .number(1))
+        #expect(verified.token.claims["\u{212A}"] == .number(2))
+        let parsed = try JSONParser.parse(Array(#"{"\u212Aid":"x"}"#.utf8))
+        #expect(parsed.objectValue?["Kid"] == nil)
+    }
+
+    // U+0000 in what the ledger keeps as an identifier, or echoed into an error's description.
+    @Test func nulInAnIdentifierIsRefusedAndNeverEchoed() async throws {
+        var claims = Fixture.riscClaims(clock)
+        claims["jti"] = "abc\u{0}def"
+        expect(await verifier().verify(try SETMinter.token(claims: claims, key: Keys.rsa)), .invalidClaim, .invalidRequest)
+        let kid = try SETMinter.token(headerJSON: #"{"alg":"RS256","kid":"rsa-1\u0000"}"#, claimsJSON: claimsJSON, key: Keys.rsa)
+        expect(await verifier().verify(kid), .missingKeyID, .invalidKey)
+        let alg = SETMinter.unsigned(headerJSON: #"{"alg":"X\u0000","kid":"rsa-1"}"#, claimsJSON: claimsJSON, signature: [1])
+        let result = await verifier().verify(alg)
+        expect(result, .unsupportedAlgorithm, .invalidKey)
+        #expect(result.error?.description.utf8.contains(0) == false)
+        // An event type with a NUL in its name, signed: the description does not carry it.
+        var event = Fixture.riscClaims(clock)
+        event["events"] = .object(["urn:x\u{0}": .string("not an object")])
+        let invalid = await verifier().verify(try SETMinter.token(claims: event, key: Keys.rsa))
+        #expect(invalid.error?.kind == .invalidEvent)
+        #expect(invalid.error?.description.utf8.contains(0) == false)
+    }
+
     @Test func errorsNeverEchoTheToken() async throws {
         let token = try SETMinter.token(claims: Fixture.riscClaims(clock), key: Keys.rsaRotated)
         let signature = String(token.split(separator: ".")[2])

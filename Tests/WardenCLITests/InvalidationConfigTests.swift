@@ -145,6 +145,38 @@ struct InvalidationConfigTests {
 }
 
 extension InvalidationConfigTests {
+    // A misspelt librdkafka property is refused by check-config and by warden run, with
+    // librdkafka's words and the key's path (exit 2, not a crash); a PostgreSQL URL parameter
+    // is honoured or refused, never dropped.
+    @Test func refusesMisspeltKafkaPropertiesAndUnhonouredURLParameters() async throws {
+        let directory = try Warden.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let config = directory.appendingPathComponent("warden.yaml")
+        let kafka = """
+            kafka:
+              brokers: embedded
+              properties: {sesion.timeout.ms: 6000}
+            ledger: sqlite:ledger.sqlite
+            """
+        try (Self.issuer + kafka).write(to: config, atomically: true, encoding: .utf8)
+        for command in ["check-config", "run"] {
+            let out = try await Warden.run([command, "--config", config.path])
+            #expect(out.status == 2, "\(command): \(out.stderr)")
+            #expect(out.stderr.contains("kafka.properties.sesion.timeout.ms"), "\(command): \(out.stderr)")
+            #expect(out.stderr.contains("No such configuration property"), "\(command): \(out.stderr)")
+        }
+        for (url, words) in [("postgres://warden@127.0.0.1/w?sslmode=require", "sslmode=require asks for TLS"),
+                             ("postgres://warden@127.0.0.1/w?sslmod=disable", "\"sslmod\" is not supported")] {
+            try (Self.issuer + "ledger: \"\(url)\"").write(to: config, atomically: true, encoding: .utf8)
+            let out = try await Warden.run(["check-config", "--config", config.path])
+            #expect(out.status == 2)
+            #expect(out.stderr.contains("ledger: ") && out.stderr.contains(words), "\(out.stderr)")
+            #expect(error("targets: {db: {sql: \"\(url)\"}}").contains(words))
+        }
+        try (Self.issuer + "ledger: \"postgres://warden@127.0.0.1/w?sslmode=disable\"").write(to: config, atomically: true, encoding: .utf8)
+        #expect(try await Warden.run(["check-config", "--config", config.path]).status == 0)
+    }
+
     @Test func sqlTargetsStepsAndLookups() throws {
         let c = try parse("""
             targets:

@@ -161,6 +161,24 @@ struct VerifyCommandTests {
         #expect(out.json?["err"] as? String == "invalid_key")
     }
 
+    // A token value inside sub_id, inside an aliases list, or inside a complex subject's member
+    // is shown as a short prefix only, as it is in an event's subject.
+    @Test func tokenValuesInsideSubIDAliasesAndComplexSubjectsAreNotPrintedWhole() async throws {
+        try await withServer { _, issuer, config in
+            let secret = "1/SECRET-REFRESH-TOKEN-VALUE-0123456789"
+            let oauth: JSONValue = ["format": "oauth_token", "token_type": "refresh_token", "token_identifier_alg": "plain",
+                                    "token": .string(secret)]
+            let subID: JSONValue = ["format": "complex", "user": ["format": "aliases", "identifiers": [oauth]], "session": oauth]
+            let t = try token(issuer: issuer, extra: ["sub_id": subID])
+            let out = try await Warden.run(["verify", "--config", config.path, t])
+            #expect(out.status == 0, "\(out.stderr)")
+            #expect(!out.stdout.isEmpty)
+            #expect(!out.stdout.contains(secret))
+            #expect(!out.stdout.contains("SECRET-REFRESH-TOKEN-VALUE"))
+            #expect(out.stdout.contains("1/SECR"))
+        }
+    }
+
     @Test func tokenIdentifiersAreNotPrintedWhole() async throws {
         let config = Warden.packageRoot.appendingPathComponent("examples/warden.yaml").path
         let text = try String(contentsOf: Warden.packageRoot.appendingPathComponent("examples/tokens/token-revoked.jwt"), encoding: .utf8)

@@ -1,0 +1,75 @@
+public import AsyncHTTPClient
+public import NIOCore
+public import NIOHTTP1
+
+/// One HTTP request and its whole answer, head and body, read under one deadline.
+///
+/// async-http-client's deadline covers a request until its head arrives; a server that sends
+/// its head and then stalls would hold the body's reader for ever — a key refresh (and every
+/// verification waiting on it), a step, a breaker's trial call, shutdown. Here the deadline
+/// covers everything: when it passes, the request is cancelled and its connection closed.
+public struct HTTPExchange: Sendable {
+    public var status: HTTPResponseStatus
+    public var headers: HTTPHeaders
+    public var body: ByteBuffer
+}
+
+/// Why an exchange did not complete.
+public struct HTTPExchangeError: Error, Sendable, CustomStringConvertible {
+    public enum Kind: Sendable, Hashable {
+        /// Nothing complete within the deadline (connecting, the head or the body).
+        case deadline
+        /// The body is larger than the caller accepts.
+        case tooLarge
+        /// The connection failed or the server broke the exchange.
+        case transport
+    }
+
+    public var kind: Kind
+    public var description: String
+
+    /// A slow or unreachable server may answer later; an oversized body will be oversized again.
+    public var isRetryable: Bool { kind != .tooLarge }
+}
+
+extension HTTPClient {
+    /// Sends `request` and reads its whole answer, all within `timeout` seconds; a body over
+    /// `maximumBodyBytes` is refused.
+    public func exchange(_ request: HTTPClientRequest, timeout: Double, maximumBodyBytes: Int) async throws(HTTPExchangeError)
+        -> HTTPExchange
+    {
+        let seconds = max(timeout, 0.001)
+        let outcome: Result<HTTPExchange, HTTPExchangeError> = await withTaskGroup(of: Result<HTTPExchange, HTTPExchangeError>?.self) {
+            group in
+            group.addTask {
+                let response: HTTPClientResponse
+                do {
+                    response = try await self.execute(request, timeout: .nanoseconds(Int64(seconds * 1e9)))
+                } catch {
+                    return .failure(HTTPExchangeError(kind: .transport, description: "\(error)"))
+                }
+                do {
+                    let body = try await response.body.collect(upTo: maximumBodyBytes)
+                    return .success(HTTPExchange(status: response.status, headers: response.headers, body: body))
+                } catch let error as NIOTooManyBytesError {
+                    return .failure(HTTPExchangeError(kind: .tooLarge, description: "the body is over \(maximumBodyBytes) bytes (\(error))"))
+                } catch {
+                    return .failure(HTTPExchangeError(kind: .transport, description: "the body could not be read: \(error)"))
+                }
+            }
+            group.addTask {
+                // nil: the deadline passed (a cancelled sleep ends the same way, and is ignored).
+                try? await _Concurrency.Task.sleep(for: .nanoseconds(Int64(seconds * 1e9)))
+                return nil
+            }
+            defer { group.cancelAll() }
+            let first = await group.next() ?? nil
+            return first ?? .failure(HTTPExchangeError(kind: .deadline, description: "no complete answer within \(wholeOrFraction(seconds)) s"))
+        }
+        return try outcome.get()
+    }
+}
+
+private func wholeOrFraction(_ seconds: Double) -> String {
+    seconds.rounded() == seconds && seconds < 1e9 ? String(Int(seconds)) : String(seconds)
+}
