@@ -232,7 +232,8 @@ let package = Package(
         ),
         .testTarget(
             name: "PipelineTests",
-            dependencies: ["Pipeline", "Kafka", "Ledger"],
+            dependencies: ["Pipeline", "Kafka", "Ledger", "TokenVerification",
+                           .product(name: "Logging", package: "swift-log"), .product(name: "Metrics", package: "swift-metrics")],
             swiftSettings: testSettings
         ),
         .testTarget(

@@ -15,6 +15,11 @@ public protocol Ledger: Sendable {
     /// With `finishing`, the event's outcome is recorded in the same write (its last step).
     func recordStep(_ index: Int, of eventID: Int64, status: StepStatus, detail: String, finishing: EventOutcome?)
         async throws(LedgerError)
+    /// Takes, or renews, the right to run an event's steps for `seconds`: granted when no one
+    /// holds it, when its holder's time has run out, or when `owner` holds it already. Two
+    /// processes (a partition's old and new owner after a rebalance) never run one event's
+    /// steps at once. Returns whether `owner` holds it now.
+    func lease(event eventID: Int64, owner: String, seconds: Double) async throws(LedgerError) -> Bool
     /// An event's steps in order, with their status: after a crash, the pending ones are what
     /// is left to do.
     func steps(ofEvent eventID: Int64) async throws(LedgerError) -> [OutboxStep]

@@ -139,6 +139,10 @@ public final class PostgresLedger: Ledger {
             )
             """,
         ]),
+        ("v3-lease", [
+            "ALTER TABLE events ADD COLUMN lease_owner TEXT",
+            "ALTER TABLE events ADD COLUMN lease_until DOUBLE PRECISION",
+        ]),
     ]
 
     private func migrate() async throws {
@@ -279,6 +283,18 @@ public final class PostgresLedger: Ledger {
                                         detail: detail))
             }
             return steps
+        }
+    }
+
+    public func lease(event eventID: Int64, owner: String, seconds: Double) async throws(LedgerError) -> Bool {
+        try await transaction("lease") { connection in
+            let now = Date().timeIntervalSince1970
+            var granted = false
+            for try await _ in try await connection.query("""
+                UPDATE events SET lease_owner = \(owner), lease_until = \(now + seconds)
+                WHERE id = \(eventID) AND (lease_owner IS NULL OR lease_owner = \(owner) OR lease_until < \(now)) RETURNING id
+                """, logger: self.logger).decode(Int64.self) { granted = true }
+            return granted
         }
     }
 

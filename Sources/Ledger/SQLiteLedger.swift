@@ -109,6 +109,12 @@ public final class SQLiteLedger: Ledger {
                 CREATE INDEX steps_pending ON steps(status) WHERE status = 'pending';
                 """)
         }
+        migrator.registerMigration("v3-lease") { db in
+            try db.execute(sql: """
+                ALTER TABLE events ADD COLUMN lease_owner TEXT;
+                ALTER TABLE events ADD COLUMN lease_until REAL;
+                """)
+        }
         return migrator
     }
 
@@ -257,6 +263,24 @@ public final class SQLiteLedger: Ledger {
 
     public func steps(ofEvent eventID: Int64) async throws(LedgerError) -> [OutboxStep] {
         try await writer.submit { db in try SQLiteLedgerReader.steps(db, eventID: eventID) }
+    }
+
+    public func lease(event eventID: Int64, owner: String, seconds: Double) async throws(LedgerError) -> Bool {
+        try await writer.submit(urgent: true) { db in
+            let now = Date().timeIntervalSince1970
+            var binder = SQLiteBinder()
+            let changed = try binder.execute(db.cachedStatement(sql: """
+                UPDATE events SET lease_owner = ?, lease_until = ?
+                WHERE id = ? AND (lease_owner IS NULL OR lease_owner = ? OR lease_until < ?)
+                """), in: db) {
+                $0.text(owner)
+                $0.double(now + seconds)
+                $0.integer(eventID)
+                $0.text(owner)
+                $0.double(now)
+            }
+            return changed == 1
+        }
     }
 
     public func recordRejection(_ rejection: Rejection) async throws(LedgerError) {

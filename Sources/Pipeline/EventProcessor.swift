@@ -115,6 +115,10 @@ public struct EventProcessor: Sendable {
     public var maximumStepAttempts: Int = 10
     /// Per-target circuit breakers.
     let breakers = CircuitBreakers()
+    /// Who this process is when it leases an event's steps in the ledger.
+    public var leaseOwner = "\(ProcessInfo.processInfo.hostName)/\(ProcessInfo.processInfo.processIdentifier)/\(UUID().uuidString.prefix(8))"
+    /// How long a lease on an event's steps lasts; renewed while its steps run.
+    public var leaseSeconds: Double = 30
 
     public init(verifier: SETVerifier, ledger: any Ledger, deadLetters: any DeadLetterSink, metrics: WardenMetrics,
                 logger: Logger, stop: StopSignal) {
@@ -447,6 +451,20 @@ public struct EventProcessor: Sendable {
             // Nothing left: the delivery before finished the event and recorded its outcome.
             if work.steps.isEmpty { return work.outcomeIfDone }
         }
+        // The event's lease: no other process (a partition's new owner after a rebalance) runs
+        // its steps while this one does; if another holds it, this one leaves the event to it.
+        var leasedUntil = 0.0
+        func holdLease() async -> Bool {
+            let now = Date().timeIntervalSince1970
+            guard now > leasedUntil - leaseSeconds / 3 else { return true }
+            guard let granted = await retrying("ledger", { try await ledger.lease(event: work.eventID, owner: leaseOwner,
+                                                                                  seconds: leaseSeconds) }), granted else {
+                logger.notice("another owner runs this event's steps; left to it", metadata: ["warden.event_id": "\(work.eventID)"])
+                return false
+            }
+            leasedUntil = now + leaseSeconds
+            return true
+        }
         var failed = false
         var finished = false
         for step in work.steps {
@@ -478,6 +496,7 @@ public struct EventProcessor: Sendable {
                     guard await stop.pause(breakers.retryDelay(target)) else { return nil }
                     continue
                 }
+                guard await holdLease() else { return nil }
                 let calledAt = breakers.currentTime
                 var outcome = await engine.executor.execute(planned.action, context: context)
                 if case .retry = outcome {

@@ -170,13 +170,32 @@ struct LedgerContractTests {
         await ledger.close()
     }
 
+    // Two owners of one event (a partition's old and new owner after a rebalance): only one
+    // holds its lease at a time; the holder renews it; it passes on once it runs out.
+    @Test(arguments: Backend.allCases) func oneOwnerAtATimeRunsAnEventsSteps(_ backend: Backend) async throws {
+        let storage = try await LedgerUnderTest(backend)
+        let ledger = try await storage.open()
+        guard case .new(let id) = try await ledger.claim(E.event(jti: "leased"), outcome: .pending,
+                                                         steps: [OutboxStep(index: 0, kind: "notify", action: "{}")]) else {
+            Issue.record("not new"); return
+        }
+        #expect(try await ledger.lease(event: id, owner: "worker-a", seconds: 60))
+        #expect(try await !ledger.lease(event: id, owner: "worker-b", seconds: 60))
+        #expect(try await ledger.lease(event: id, owner: "worker-a", seconds: 0.2))
+        try await Task.sleep(for: .milliseconds(400))
+        #expect(try await ledger.lease(event: id, owner: "worker-b", seconds: 60))
+        #expect(try await !ledger.lease(event: id, owner: "worker-a", seconds: 60))
+        #expect(try await !ledger.lease(event: id + 100, owner: "worker-a", seconds: 60))
+        await ledger.close()
+    }
+
     @Test func postgresTablesAreReadableByAnotherClient() async throws {
         let storage = try await LedgerUnderTest(.postgres)
         let ledger = try await storage.open()
         _ = try await ledger.claim(E.event(jti: "seen-by-psql"), outcome: .pending, steps: [OutboxStep(index: 0, kind: "notify", action: "{}")])
         #expect(try await storage.server!.psql(storage.database, "SELECT jti, outcome FROM events") == "seen-by-psql|pending")
         #expect(try await storage.server!.psql(storage.database, "SELECT kind, status FROM steps") == "notify|pending")
-        #expect(try await storage.server!.psql(storage.database, "SELECT name FROM warden_migrations ORDER BY name") == "v1-events\nv2-outbox")
+        #expect(try await storage.server!.psql(storage.database, "SELECT name FROM warden_migrations ORDER BY name") == "v1-events\nv2-outbox\nv3-lease")
         await ledger.close()
         // A second ledger on the same database finds the schema in place.
         let again = try await storage.open()

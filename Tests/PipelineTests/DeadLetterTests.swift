@@ -1,0 +1,84 @@
+import CoreMetrics
+import Foundation
+import Kafka
+import Ledger
+import Logging
+@testable import Pipeline
+import Synchronization
+import Testing
+import TokenVerification
+
+/// Dead letters that cannot be produced whole, or at all: one message that can never be
+/// dead-lettered must not stop the messages after it.
+@Suite("Dead letters that cannot be produced", .serialized, .timeLimit(.minutes(2)))
+struct DeadLetterTests {
+    static var logger: Logger {
+        var logger = Logger(label: "dead-letter-test")
+        logger.logLevel = .critical
+        return logger
+    }
+
+    // A junk message of about the cluster's size limit: with Warden's headers its dead letter
+    // is over the limit, so a truncated copy goes instead, saying so.
+    @Test func aValueTooLargeToDeadLetterWholeGoesAsATruncatedCopy() async throws {
+        let cluster = try EmbeddedKafkaCluster(topics: [("dlq", 1)], logger: Self.logger)
+        let producer = try KafkaProducer(bootstrapServers: cluster.bootstrapServers, logger: Self.logger)
+        let sink = KafkaDeadLetters(producer: producer, topic: "dlq")
+        let junk = [UInt8](repeating: UInt8(ascii: "j"), count: 999_900)
+        try await sink.deadLetter(value: junk, code: "invalid_request", description: "the token is 999900 bytes; the limit is 65536",
+                                  source: "kafka:security-events/0/7")
+        try await sink.deadLetter(value: Array("small".utf8), code: "invalid_key", description: "bad signature",
+                                  source: "kafka:security-events/0/8")
+        producer.close()
+        let consumer = try KafkaConsumer(configuration: .init(bootstrapServers: cluster.bootstrapServers, groupID: "dlq-reader",
+                                                              topics: ["dlq"], properties: ["session.timeout.ms": "6000"]),
+                                         logger: Self.logger)
+        async let run: Void = consumer.run()
+        var messages: [KafkaMessage] = []
+        for await batch in consumer.batches {
+            messages += batch
+            if messages.count >= 2 { break }
+        }
+        consumer.close()
+        try await run
+        try #require(messages.count == 2)
+        #expect(messages[0].value.count == KafkaDeadLetters.truncatedBytes)
+        #expect(messages[0].header("warden-error") == Array("invalid_request".utf8))
+        #expect(messages[0].header("warden-source") == Array("security-events/0/7".utf8))
+        let truncated = String(decoding: messages[0].header("warden-truncated") ?? [], as: UTF8.self)
+        #expect(truncated.hasPrefix("999900 bytes, the first 16384 kept; sha256 "))
+        #expect(messages[1].value == Array("small".utf8))
+        #expect(messages[1].header("warden-truncated") == nil)
+    }
+
+    /// A sink that refuses every dead letter for good, counting the attempts.
+    final class RefusingSink: DeadLetterSink {
+        let attempts = Mutex(0)
+        func deadLetter(value: [UInt8], code: String, description: String, source: String) async throws(DeadLetterError) {
+            attempts.withLock { $0 += 1 }
+            throw DeadLetterError("MSG_SIZE_TOO_LARGE even truncated", isRetryable: false)
+        }
+    }
+
+    // A dead letter the cluster will never take: the message is recorded in the ledger (kept
+    // there only), committed, and the next message is handled — no retry for ever.
+    @Test func aDeadLetterRefusedForGoodIsKeptInTheLedgerAndTheIntakeGoesOn() async throws {
+        let path = FileManager.default.temporaryDirectory.appendingPathComponent("warden-dlq-\(UUID().uuidString).sqlite").path
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        let ledger = try SQLiteLedger(path: path)
+        let sink = RefusingSink()
+        let processor = EventProcessor(verifier: SETVerifier(issuers: []), ledger: ledger, deadLetters: sink,
+                                       metrics: WardenMetrics(factory: NOOPMetricsHandler.instance), logger: Self.logger,
+                                       stop: StopSignal())
+        let batch = ["junk-1", "junk-2"].enumerated().map { i, value in
+            IntakeMessage(value: Array(value.utf8), source: "kafka:t/0/\(i)", receivedAt: 1)
+        }
+        let prepared = await processor.prepare(batch, checked: await processor.check(batch))
+        #expect(prepared.count == 2)
+        let recorded = await processor.record(prepared, batch)
+        #expect(recorded.dispositions == [.rejected(code: "invalid_request"), .rejected(code: "invalid_request")])
+        #expect(sink.attempts.withLock { $0 } == 2)
+        #expect(try ledger.deliveries().map(\.verdict) == ["invalid", "invalid"])
+        await ledger.close()
+    }
+}
