@@ -118,7 +118,7 @@ public struct EventProcessor: Sendable {
     /// Who this process is when it leases an event's steps in the ledger.
     public var leaseOwner = "\(ProcessInfo.processInfo.hostName)/\(ProcessInfo.processInfo.processIdentifier)/\(UUID().uuidString.prefix(8))"
     /// How long a lease on an event's steps lasts; renewed while its steps run.
-    public var leaseSeconds: Double = 30
+    public var leaseSeconds: Double = 10
 
     public init(verifier: SETVerifier, ledger: any Ledger, deadLetters: any DeadLetterSink, metrics: WardenMetrics,
                 logger: Logger, stop: StopSignal) {
@@ -451,19 +451,29 @@ public struct EventProcessor: Sendable {
             // Nothing left: the delivery before finished the event and recorded its outcome.
             if work.steps.isEmpty { return work.outcomeIfDone }
         }
-        // The event's lease: no other process (a partition's new owner after a rebalance) runs
-        // its steps while this one does; if another holds it, this one leaves the event to it.
+        // The event's lease: no other process (a partition's old owner after a rebalance, or a
+        // killed process whose lease has not run out yet) runs its steps while this one does.
+        // While another holds it, this one waits; once it has it after waiting, the step's
+        // status is read again, as the holder may have finished it. Nil when stopping.
         var leasedUntil = 0.0
-        func holdLease() async -> Bool {
-            let now = Date().timeIntervalSince1970
-            guard now > leasedUntil - leaseSeconds / 3 else { return true }
-            guard let granted = await retrying("ledger", { try await ledger.lease(event: work.eventID, owner: leaseOwner,
-                                                                                  seconds: leaseSeconds) }), granted else {
-                logger.notice("another owner runs this event's steps; left to it", metadata: ["warden.event_id": "\(work.eventID)"])
-                return false
+        func holdLease() async -> (held: Bool, waited: Bool) {
+            var waited = false
+            while true {
+                let now = Date().timeIntervalSince1970
+                guard now > leasedUntil - leaseSeconds / 3 else { return (true, waited) }
+                guard let granted = await retrying("ledger", { try await ledger.lease(event: work.eventID, owner: leaseOwner,
+                                                                                      seconds: leaseSeconds) }) else { return (false, waited) }
+                if granted {
+                    leasedUntil = now + leaseSeconds
+                    return (true, waited)
+                }
+                if !waited {
+                    logger.notice("another owner runs this event's steps; waiting for its lease", metadata: ["warden.event_id": "\(work.eventID)"])
+                }
+                waited = true
+                metrics.retried("lease")
+                guard await stop.pause(min(1, leaseSeconds / 3)) else { return (false, waited) }
             }
-            leasedUntil = now + leaseSeconds
-            return true
         }
         var failed = false
         var finished = false
@@ -496,7 +506,17 @@ public struct EventProcessor: Sendable {
                     guard await stop.pause(breakers.retryDelay(target)) else { return nil }
                     continue
                 }
-                guard await holdLease() else { return nil }
+                let lease = await holdLease()
+                guard lease.held else { return nil }
+                if lease.waited {
+                    // The lease's last holder may have recorded this step meanwhile.
+                    guard let current = await retrying("ledger", { try await ledger.steps(ofEvent: work.eventID) }) else { return nil }
+                    if let recorded = current.first(where: { $0.index == step.index }), recorded.status != .pending {
+                        if recorded.status == .failed { failed = true }
+                        finished = isLast
+                        break stepLoop
+                    }
+                }
                 let calledAt = breakers.currentTime
                 var outcome = await engine.executor.execute(planned.action, context: context)
                 if case .retry = outcome {
