@@ -137,9 +137,6 @@ public struct EventProcessor: Sendable {
         var entries: [LedgerEntry]
         var verdicts: [Verdict]
 
-        /// Joins the next batch's preparation to this one, to be written together (with the
-        /// two batches' messages joined the same way). Only a whole batch may be followed: a
-        /// cut batch is always the last.
         /// Keeps the first `count` messages; the rest are left for redelivery.
         mutating func cut(at count: Int) {
             self.count = count
@@ -147,6 +144,9 @@ public struct EventProcessor: Sendable {
             verdicts.removeSubrange(count...)
         }
 
+        /// Joins the next batch's preparation to this one, to be written together (with the
+        /// two batches' messages joined the same way). Only a whole batch may be followed: a
+        /// cut batch is always the last.
         mutating func append(_ next: Prepared) {
             count += next.count
             entries += next.entries
@@ -382,13 +382,15 @@ public struct EventProcessor: Sendable {
                 let description = "the ledger cannot store this event: \(error)"
                 let rejection = Rejection(token: message.value, source: message.source, code: code, description: description,
                                           receivedAt: message.receivedAt)
-                if case .stopped = await attempting("dead-letter", {
+                switch await attempting("dead-letter", {
                     try await deadLetters.deadLetter(value: message.value, code: code, description: description, source: message.source)
                 }) {
+                case .stopped:
                     prepared.cut(at: i)
                     return claims.isEmpty ? nil : claims
+                case .done: metrics.deadLettered()
+                case .refused: break  // kept in the ledger only
                 }
-                metrics.deadLettered()
                 metrics.verifyFailure(code)
                 prepared.entries[i] = .rejection(rejection)
                 prepared.verdicts[i] = .invalid(code: code, description: description)
