@@ -15,15 +15,19 @@ public struct KafkaConsumerConfiguration: Sendable {
     public var maximumInFlight: Int
     /// How often finished offsets are committed, in seconds. Default 1.
     public var commitInterval: Double
+    /// How long a revocation waits for work under way on the revoked partitions' messages
+    /// (see `PartitionAssignment`), in seconds. Default 15: longer than one call to a target.
+    public var revocationGrace: Double
 
     public init(bootstrapServers: String, groupID: String, topics: [String], properties: KafkaProperties = [:],
-                maximumInFlight: Int = 4096, commitInterval: Double = 1) {
+                maximumInFlight: Int = 4096, commitInterval: Double = 1, revocationGrace: Double = 15) {
         self.bootstrapServers = bootstrapServers
         self.groupID = groupID
         self.topics = topics
         self.properties = properties
         self.maximumInFlight = maximumInFlight
         self.commitInterval = commitInterval
+        self.revocationGrace = revocationGrace
     }
 
     /// Offsets are committed only by `finished`; a new group starts at the earliest offset (a
@@ -57,8 +61,12 @@ final class ConsumerState: Sendable {
     let tracker = Mutex(OffsetTracker())
     let control = Mutex(Control())
     let maximumInFlight: Int
+    let revocationGrace: Double
 
-    init(maximumInFlight: Int) { self.maximumInFlight = maximumInFlight }
+    init(maximumInFlight: Int, revocationGrace: Double) {
+        self.maximumInFlight = maximumInFlight
+        self.revocationGrace = revocationGrace
+    }
 }
 
 /// A member of a Kafka consumer group. Messages arrive through `messages`; each must be passed
@@ -78,7 +86,8 @@ public final class KafkaConsumer: Sendable {
     private let logger: Logger
 
     public init(configuration: KafkaConsumerConfiguration, logger: Logger) throws(KafkaError) {
-        let state = ConsumerState(maximumInFlight: max(1, configuration.maximumInFlight))
+        let state = ConsumerState(maximumInFlight: max(1, configuration.maximumInFlight),
+                                  revocationGrace: max(0, configuration.revocationGrace))
         let context = CallbackContext(logger: logger, consumer: state)
         self.client = try KafkaClient(role: .consumer, properties: configuration.effectiveProperties, context: context) { conf in
             rd_kafka_conf_set_rebalance_cb(conf, rebalanceCallback)
@@ -118,14 +127,19 @@ public final class KafkaConsumer: Sendable {
     /// The outcomes of these messages are durable.
     public func finished(_ messages: some Sequence<KafkaMessage>) {
         state.tracker.withLock { tracker in
-            for message in messages { tracker.finished(TopicPartition(message.topic, message.partition), offset: message.offset) }
+            for message in messages {
+                tracker.finished(TopicPartition(message.topic, message.partition), offset: message.offset,
+                                 assignment: message.assignment)
+            }
         }
     }
 
     /// The message's outcome is durable: its offset may be committed once every earlier
     /// message of its partition is finished too.
     public func finished(_ message: KafkaMessage) {
-        state.tracker.withLock { $0.finished(TopicPartition(message.topic, message.partition), offset: message.offset) }
+        state.tracker.withLock {
+            $0.finished(TopicPartition(message.topic, message.partition), offset: message.offset, assignment: message.assignment)
+        }
     }
 
     /// Stops handing out messages (the stream ends) while staying in the group, so in-flight
@@ -202,7 +216,13 @@ public final class KafkaConsumer: Sendable {
             // A rebalance callback may have run inside one of those polls: only messages of
             // partitions still assigned are handed out.
             let owned = state.tracker.withLock { tracker in
-                batch.filter { tracker.handedOut(TopicPartition($0.topic, $0.partition), offset: $0.offset) }
+                batch.compactMap { message -> KafkaMessage? in
+                    guard let assignment = tracker.handedOut(TopicPartition(message.topic, message.partition),
+                                                             offset: message.offset) else { return nil }
+                    var message = message
+                    message.assignment = assignment
+                    return message
+                }
             }
             if !owned.isEmpty { continuation.yield(owned) }
             commitIfDue(&lastCommit)
@@ -340,10 +360,22 @@ private let rebalanceCallback: @convention(c) (OpaquePointer?, rd_kafka_resp_err
         if paused { rd_kafka_pause_partitions(rk, list) }
         context.logger.info("partitions assigned", metadata: ["kafka.partitions": "\(changed.map(\.description).joined(separator: ","))"])
     case RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS:
+        // First the work under way for these partitions stops (no new call to a target starts,
+        // and the calls already made end), so that their next owner never acts on an event
+        // while this member still is; then what finished is committed, and the partitions go.
+        let assignments = state.tracker.withLock { tracker in
+            changed.compactMap { tracker.partitions[$0]?.assignment }
+        }
+        let unfinished = assignments.reduce(0) { $0 + $1.revoke(waitingUpTo: state.revocationGrace) }
+        if unfinished > 0 {
+            context.logger.warning("work of revoked partitions still under way after the grace period", metadata: [
+                "kafka.work": "\(unfinished)", "kafka.grace_seconds": "\(state.revocationGrace)",
+            ])
+        }
         let revoked = Set(changed)
         let commits = state.tracker.withLock { $0.takeCommits(only: revoked) }
         KafkaConsumer.commit(rk, commits, synchronously: true, state: state, logger: context.logger)
-        state.tracker.withLock { $0.revoked(changed) }
+        _ = state.tracker.withLock { $0.revoked(changed) }
         if cooperative {
             if let error = rd_kafka_incremental_unassign(rk, list) { rd_kafka_error_destroy(error) }
         } else {

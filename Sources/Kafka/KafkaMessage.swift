@@ -8,6 +8,9 @@ public struct KafkaMessage: Sendable {
     public var headers: [KafkaHeader]
     /// Milliseconds since the epoch, when the broker or producer set one.
     public var timestamp: Int64?
+    /// The assignment of its partition it was fetched under (nil for a message not fetched by
+    /// a consumer group member).
+    public internal(set) var assignment: PartitionAssignment?
 
     public init(topic: String, partition: Int32, offset: Int64, key: [UInt8]?, value: [UInt8],
                 headers: [KafkaHeader] = [], timestamp: Int64? = nil) {

@@ -4,6 +4,8 @@
 /// point only ever covers a contiguous run of finished ones.
 struct OffsetTracker: Sendable {
     struct Partition: Sendable {
+        /// The assignment these offsets belong to.
+        let assignment: PartitionAssignment
         /// Offsets handed out, in increasing order, with whether each is done. `head` is the
         /// first entry not yet dropped.
         var offsets: [Int64] = []
@@ -47,29 +49,39 @@ struct OffsetTracker: Sendable {
     }
 
     private(set) var partitions: [TopicPartition: Partition] = [:]
+    private var generation: UInt64 = 0
 
     var inFlight: Int { partitions.values.reduce(0) { $0 + $1.inFlight } }
 
     mutating func assigned(_ list: [TopicPartition]) {
-        for tp in list where partitions[tp] == nil { partitions[tp] = Partition() }
+        for tp in list where partitions[tp] == nil {
+            generation += 1
+            partitions[tp] = Partition(assignment: PartitionAssignment(partition: tp, generation: generation))
+        }
     }
 
-    /// Forgets revoked partitions; a late `finished` for them is ignored.
-    mutating func revoked(_ list: [TopicPartition]) {
-        for tp in list { partitions[tp] = nil }
+    /// Forgets revoked partitions and returns their assignments; a late `finished` for them is
+    /// ignored, also once the partition is assigned again.
+    @discardableResult
+    mutating func revoked(_ list: [TopicPartition]) -> [PartitionAssignment] {
+        list.compactMap { tp in partitions.removeValue(forKey: tp)?.assignment }
     }
 
-    /// Tracks a message about to be handed out; false if its partition is not assigned (it was
-    /// revoked while the batch was being polled), in which case it must not be handed out: its
-    /// next owner fetches it, and no commit for a partition this member no longer owns is made.
-    mutating func handedOut(_ tp: TopicPartition, offset: Int64) -> Bool {
-        guard partitions[tp] != nil else { return false }
+    /// Tracks a message about to be handed out and returns its assignment; nil if its partition
+    /// is not assigned (it was revoked while the batch was being polled), in which case it must
+    /// not be handed out: its next owner fetches it, and no commit for a partition this member
+    /// no longer owns is made.
+    mutating func handedOut(_ tp: TopicPartition, offset: Int64) -> PartitionAssignment? {
+        guard partitions[tp] != nil else { return nil }
         partitions[tp]!.handedOut(offset)
-        return true
+        return partitions[tp]!.assignment
     }
 
-    mutating func finished(_ tp: TopicPartition, offset: Int64) {
-        partitions[tp]?.finished(offset)
+    /// The message at `offset`, handed out under `assignment`, is finished. A message of an
+    /// earlier assignment of the partition (revoked since) is ignored.
+    mutating func finished(_ tp: TopicPartition, offset: Int64, assignment: PartitionAssignment?) {
+        guard let current = partitions[tp]?.assignment, assignment == nil || assignment === current else { return }
+        partitions[tp]!.finished(offset)
     }
 
     /// Partitions whose commit point moved since the last commit, with the offset to commit;

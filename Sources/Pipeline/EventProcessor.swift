@@ -6,32 +6,6 @@ import SecurityEvents
 public import TokenVerification
 import Synchronization
 
-/// A message from any door (Kafka, push, poll, replay), not yet verified.
-public struct IntakeMessage: Sendable {
-    public var value: [UInt8]
-    /// Where it came from, for the ledger and the dead letter: `kafka:topic/partition/offset`, `push`, …
-    public var source: String
-    public var receivedAt: Double
-
-    public init(value: [UInt8], source: String, receivedAt: Double) {
-        self.value = value
-        self.source = source
-        self.receivedAt = receivedAt
-    }
-}
-
-/// What happened to a message, once it is durable.
-public enum Disposition: Sendable, Equatable {
-    /// A new event, claimed and recorded with its outcome.
-    case recorded(eventID: Int64, outcome: EventOutcome)
-    /// The (issuer, jti) was already in the ledger.
-    case duplicate(eventID: Int64)
-    /// The token failed verification: dead-lettered and recorded.
-    case rejected(code: String)
-    /// Shutting down before the outcome was durable; the message must be delivered again.
-    case abandoned
-}
-
 /// Where invalid messages go, with the error as headers. Returns once the dead letter is durable.
 public protocol DeadLetterSink: Sendable {
     func deadLetter(value: [UInt8], code: String, description: String, source: String) async throws(DeadLetterError)
@@ -130,36 +104,12 @@ public struct EventProcessor: Sendable {
         self.stop = stop
     }
 
-    /// A batch verified, its dead letters sent: ready for its one ledger write.
-    public struct Prepared: Sendable {
-        /// The messages that will be recorded: a prefix of the batch (the rest is abandoned).
-        public var count: Int
-        var entries: [LedgerEntry]
-        var verdicts: [Verdict]
-
-        /// Keeps the first `count` messages; the rest are left for redelivery.
-        mutating func cut(at count: Int) {
-            self.count = count
-            entries.removeSubrange(count...)
-            verdicts.removeSubrange(count...)
-        }
-
-        /// Joins the next batch's preparation to this one, to be written together (with the
-        /// two batches' messages joined the same way). Only a whole batch may be followed: a
-        /// cut batch is always the last.
-        mutating func append(_ next: Prepared) {
-            count += next.count
-            entries += next.entries
-            verdicts += next.verdicts
-        }
-    }
-
     enum Verdict: Sendable {
         case valid(ValidEvent)
         case invalid(code: String, description: String)
     }
 
-    /// A verified token behind a reference. Verification results move through several arrays
+    /// A verified token behind a reference. Verification results move through several stages
     /// on their way to the ledger, and copying a `VerifiedSET` retains each of its many strings
     /// and arrays (visible in the intake's profile); a reference is one retain.
     final class Verified: Sendable {
@@ -182,47 +132,54 @@ public struct EventProcessor: Sendable {
         var token: SecurityEventToken { verified.set.token }
     }
 
-    /// A batch's verification results, in the batch's order: the first half of `prepare`,
-    /// which may run for the next batch while the second half runs for this one.
+    /// A record and its verification result: what the verification stage hands on.
     public struct Checked: Sendable {
-        var results: [Result<Verified, VerificationError>]
-    }
+        public let record: IntakeRecord
+        let result: Result<Verified, VerificationError>
 
-    /// Verifies every message of the batch, on every core.
-    public func check(_ batch: [IntakeMessage]) async -> Checked {
-        Checked(results: await verifyAll(batch))
-    }
-
-    /// Dead-letters the invalid messages of a checked batch and resolves and plans its events.
-    /// While an issuer's keys are unavailable the batch waits, retrying; if the process stops
-    /// first, the batch is cut before the first message without a verdict, and the rest is
-    /// left for redelivery.
-    public func prepare(_ batch: [IntakeMessage], checked: Checked) async -> Prepared {
-        var results = checked.results
-        var attempt = 0
-        while let waiting = results.firstIndex(where: { if case .failure(let e) = $0 { e.isRetryable } else { false } }) {
-            guard case .failure(let error) = results[waiting] else { break }
-            metrics.retried("keys_unavailable")
-            logger.warning("issuer keys unavailable; will retry", metadata: [
-                "warden.source": "\(batch[waiting].source)", "warden.reason": "\(error.description)", "warden.attempt": "\(attempt)",
-            ])
-            guard await stop.pause(backoff(attempt)) else {
-                results.removeSubrange(waiting...)
-                break
-            }
-            attempt += 1
-            for i in waiting..<results.count {
-                if case .failure(let e) = results[i], e.isRetryable { results[i] = await verify(batch[i]) }
-            }
+        /// Waiting for its issuer's keys: the lane of the subject it claims, which it holds back.
+        var waitingLane: String? {
+            guard case .failure(let error) = result, error.isRetryable else { return nil }
+            return error.unverifiedSubject ?? ""
         }
 
+        /// The lane of a verified token's subject.
+        var lane: String? {
+            guard case .success(let verified) = result else { return nil }
+            return verified.set.token.laneKey
+        }
+    }
+
+    /// A record with its verdict and ledger entry: what admission hands to the ledger writer.
+    public struct Admitted: Sendable {
+        public let record: IntakeRecord
+        var verdict: Verdict
+        var entry: LedgerEntry
+    }
+
+    /// Verifies every record of the batch, on every core.
+    public func check(_ records: [IntakeRecord]) async -> [Checked] {
+        let results = await verifyAll(records.map(\.message))
+        return zip(records, results).map { Checked(record: $0, result: $1) }
+    }
+
+    /// Verifies a record again (one that waited for its issuer's keys).
+    func checkAgain(_ checked: Checked) async -> Checked {
+        Checked(record: checked.record, result: await verify(checked.record.message))
+    }
+
+    /// Admission: resolves and plans each verified record, dead-letters each invalid one, and
+    /// makes their ledger entries, in order. A subject lookup that cannot be made now waits,
+    /// retrying. Returns the admitted records and, when the process stopped first (or a record
+    /// still waits for keys), the rest of the batch, not admitted, from the first such record on.
+    public func admit(_ batch: [Checked]) async -> (admitted: [Admitted], rest: ArraySlice<Checked>) {
         var verdicts: [Verdict] = []
-        verdicts.reserveCapacity(results.count)
-        resolving: for (i, result) in results.enumerated() {
-            switch result {
+        verdicts.reserveCapacity(batch.count)
+        resolving: for checked in batch {
+            switch checked.result {
             case .success(let verified):
-                // The subject's local user: a lookup that cannot be made now makes the batch
-                // wait here, like unavailable keys, rather than record the event unresolved.
+                // The subject's local user: a lookup that cannot be made now makes admission
+                // wait here rather than record the event unresolved.
                 var attempt = 0
                 while true {
                     switch await engine.resolver.resolve(verified.set.token) {
@@ -234,24 +191,27 @@ public struct EventProcessor: Sendable {
                     case .retry(let reason):
                         metrics.retried("subject_lookup")
                         logger.warning("subject lookup failed; will retry", metadata: [
-                            "warden.source": "\(batch[i].source)", "warden.reason": "\(reason)", "warden.attempt": "\(attempt)",
+                            "warden.source": "\(checked.record.message.source)", "warden.reason": "\(reason)", "warden.attempt": "\(attempt)",
                         ])
                         guard await stop.pause(backoff(attempt)) else { break resolving }
                         attempt += 1
                     }
                 }
-            case .failure(let error): verdicts.append(.invalid(code: error.reportedCode, description: error.description))
+            case .failure(let error) where error.isRetryable:
+                break resolving
+            case .failure(let error):
+                verdicts.append(.invalid(code: error.reportedCode, description: error.description))
             }
         }
 
         // Dead letters first: an invalid message is committed only once its dead letter is durable.
         let invalid = verdicts.indices.filter { if case .invalid = verdicts[$0] { true } else { false } }
         if !invalid.isEmpty {
-            let sent = await withTaskGroup(of: (Int, Bool).self) { group in
+            let firstUnsent = await withTaskGroup(of: (Int, Bool).self) { group in
                 for i in invalid {
                     guard case .invalid(let code, let description) = verdicts[i] else { continue }
                     metrics.verifyFailure(code)
-                    let message = batch[i]
+                    let message = batch[i].record.message
                     group.addTask {
                         // A dead letter that can never be produced (refused by the cluster even
                         // truncated) is kept in the ledger only: the message is still recorded
@@ -269,56 +229,57 @@ public struct EventProcessor: Sendable {
                 for await (i, ok) in group where !ok { failed.append(i) }
                 return failed.min()
             }
-            if let firstUnsent = sent { verdicts.removeSubrange(firstUnsent...) }
+            if let firstUnsent { verdicts.removeSubrange(firstUnsent...) }
         }
 
-        var entries: [LedgerEntry] = []
-        entries.reserveCapacity(verdicts.count)
-        for (i, verdict) in verdicts.enumerated() {
-            let message = batch[i]
+        var admitted: [Admitted] = []
+        admitted.reserveCapacity(verdicts.count)
+        for (checked, verdict) in zip(batch, verdicts) {
+            let message = checked.record.message
             switch verdict {
             case .valid(let event):
                 let plan = event.plan
                 // The event is claimed together with its outbox: the planned steps, all pending.
                 let steps = plan.steps.map { OutboxStep(index: $0.index, kind: $0.action.kind, action: Self.encode($0)) }
                 let outcome: EventOutcome = !steps.isEmpty ? .pending : plan.isUnresolved ? .unresolved : .processed
-                entries.append(.event(ledgerEvent(event.verified, message), outcome: outcome, steps: steps))
+                admitted.append(Admitted(record: checked.record, verdict: verdict,
+                                         entry: .event(ledgerEvent(event.verified, message), outcome: outcome, steps: steps)))
             case .invalid(let code, let description):
                 metrics.deadLettered()
-                entries.append(.rejection(Rejection(token: message.value, source: message.source, code: code,
-                                                    description: description, receivedAt: message.receivedAt)))
+                admitted.append(Admitted(record: checked.record, verdict: verdict,
+                                         entry: .rejection(Rejection(token: message.value, source: message.source, code: code,
+                                                                     description: description, receivedAt: message.receivedAt))))
             }
         }
-        return Prepared(count: verdicts.count, entries: entries, verdicts: verdicts)
+        return (admitted, batch[verdicts.count...])
     }
 
-    /// Writes a prepared batch to the ledger in one atomic write (retried until it succeeds or
-    /// the process stops), then runs the steps of its new events — and the steps a crash left
-    /// pending for events delivered again — concurrently across subjects, in order for one
-    /// subject. Returns each message's disposition; messages past `prepared.count`, and events
-    /// whose steps were still waiting when the process stopped, are abandoned (redelivered later,
-    /// when their pending steps resume).
-    public func record(_ prepared: Prepared, _ batch: [IntakeMessage]) async -> Recorded {
-        var dispositions = [Disposition?](repeating: .abandoned, count: batch.count)
-        guard prepared.count > 0 else { return Recorded(dispositions: dispositions, work: []) }
-        var prepared = prepared
+    /// The ledger writer: writes admitted records in one atomic write (retried until it
+    /// succeeds or the process stops), and settles each record that is then finished. Returns
+    /// the events whose steps are to run: new events with steps, and duplicates (a crash may
+    /// have left their steps pending). When the process stops first, every record is abandoned.
+    public func record(_ batch: [Admitted]) async -> [Work] {
+        guard !batch.isEmpty else { return [] }
+        var batch = batch
         let claims: [Claim?]
-        switch await attempting("ledger", { try await ledger.record(prepared.entries) }) {
+        switch await attempting("ledger", { [batch] in try await ledger.record(batch.map(\.entry)) }) {
         case .done(let written): claims = written
-        case .stopped: return Recorded(dispositions: dispositions, work: [])
+        case .stopped:
+            for admitted in batch { admitted.record.acknowledgement.settle(.abandoned) }
+            return []
         case .refused:
             // One entry the store can never hold must not stop the others: they are written one
             // by one, and an event the store refuses becomes a dead-lettered rejection.
-            guard let written = await recordOneByOne(&prepared, batch) else { return Recorded(dispositions: dispositions, work: []) }
-            claims = written
+            claims = await recordOneByOne(&batch)
         }
         var work: [Work] = []
         // Outcomes counted here and added to the metrics once per batch.
         var outcomes = OutcomeCounts()
         defer { outcomes.report(to: metrics) }
-        for i in prepared.verdicts.indices {
-            let message = batch[i]
-            switch (prepared.verdicts[i], claims[i]) {
+        for (admitted, claim) in zip(batch, claims) {
+            let message = admitted.record.message
+            let acknowledgement = admitted.record.acknowledgement
+            switch (admitted.verdict, claim) {
             case (.valid(let event), .new(let id)?):
                 if !event.plan.unknownTypes.isEmpty {
                     metrics.counter("warden_unknown_event_types_total").increment(by: event.plan.unknownTypes.count)
@@ -329,55 +290,54 @@ public struct EventProcessor: Sendable {
                 if event.plan.isUnresolved {
                     logger.notice("subject resolved to no local user; steps that need one were not planned", metadata: metadata(event.token, message, eventID: id))
                 }
-                guard case .event(_, _, let steps) = prepared.entries[i] else { preconditionFailure("entries follow verdicts") }
+                guard case .event(_, _, let steps) = admitted.entry else { preconditionFailure("entries follow verdicts") }
                 let outcome: EventOutcome = event.plan.isUnresolved ? .unresolved : .processed
                 if steps.isEmpty {
                     outcomes.add(outcome.rawValue)
                     logger.info("event recorded", metadata: metadata(event.token, message, eventID: id))
-                    dispositions[i] = .recorded(eventID: id, outcome: outcome)
+                    acknowledgement.settle(.recorded(eventID: id, outcome: outcome))
                 } else {
-                    dispositions[i] = nil
-                    work.append(Work(position: i, eventID: id, isNew: true, steps: steps, planned: event.plan.steps, outcomeIfDone: outcome,
-                                     context: StepContext(token: event.token, user: event.user), message: message))
+                    work.append(Work(record: admitted.record, eventID: id, isNew: true, steps: steps, planned: event.plan.steps,
+                                     outcomeIfDone: outcome, context: StepContext(token: event.token, user: event.user)))
                 }
             case (.valid(let event), .duplicate(let id)?):
                 outcomes.add("duplicate")
                 logger.info("duplicate event", metadata: metadata(event.token, message, eventID: id))
                 // A crash may have left this event's steps part-done: what is still pending runs
                 // when its turn in the subject's lane comes (read from the outbox then).
-                dispositions[i] = nil
-                work.append(Work(position: i, eventID: id, isNew: false, steps: [],
+                work.append(Work(record: admitted.record, eventID: id, isNew: false, steps: [],
                                  outcomeIfDone: event.plan.isUnresolved ? .unresolved : .processed,
-                                 context: StepContext(token: event.token, user: event.user), message: message))
+                                 context: StepContext(token: event.token, user: event.user)))
             case (.invalid(let code, let description), _):
                 outcomes.add("invalid")
                 logger.warning("invalid token dead-lettered", metadata: [
                     "warden.source": "\(message.source)", "warden.err": "\(code)", "warden.reason": "\(description)",
                     "warden.token": "\(TokenDigest.short(message.value))",
                 ])
-                dispositions[i] = .rejected(code: code)
+                acknowledgement.settle(.rejected(code: code, description: description))
             case (.valid, nil):
                 preconditionFailure("the ledger returned no claim for an event")
             }
         }
-        return Recorded(dispositions: dispositions, work: work)
+        for admitted in batch[claims.count...] { admitted.record.acknowledgement.settle(.abandoned) }
+        return work
     }
 
-    /// Writes a batch's entries one at a time, in order; an event the ledger refuses for good
-    /// is dead-lettered and recorded as a rejection instead. Cuts `prepared` where the process
-    /// stopped; nil if it stopped before the first.
-    private func recordOneByOne(_ prepared: inout Prepared, _ batch: [IntakeMessage]) async -> [Claim?]? {
+    /// Writes entries one at a time, in order; an event the ledger refuses for good is
+    /// dead-lettered and recorded as a rejection instead. Returns the claims of the entries
+    /// written before the process stopped (a prefix of `batch`).
+    private func recordOneByOne(_ batch: inout [Admitted]) async -> [Claim?] {
         var claims: [Claim?] = []
-        for i in 0..<prepared.count {
-            switch await attempting("ledger", { try await ledger.record([prepared.entries[i]]) }) {
+        for i in batch.indices {
+            let entry = batch[i].entry
+            switch await attempting("ledger", { try await ledger.record([entry]) }) {
             case .done(let written):
                 claims.append(written[0])
                 continue
             case .stopped:
-                prepared.cut(at: i)
-                return claims.isEmpty ? nil : claims
+                return claims
             case .refused(let error):
-                let message = batch[i]
+                let message = batch[i].record.message
                 let code = SETErrorCode.invalidRequest.rawValue
                 let description = "the ledger cannot store this event: \(error)"
                 let rejection = Rejection(token: message.value, source: message.source, code: code, description: description,
@@ -385,18 +345,15 @@ public struct EventProcessor: Sendable {
                 switch await attempting("dead-letter", {
                     try await deadLetters.deadLetter(value: message.value, code: code, description: description, source: message.source)
                 }) {
-                case .stopped:
-                    prepared.cut(at: i)
-                    return claims.isEmpty ? nil : claims
+                case .stopped: return claims
                 case .done: metrics.deadLettered()
                 case .refused: break  // kept in the ledger only
                 }
                 metrics.verifyFailure(code)
-                prepared.entries[i] = .rejection(rejection)
-                prepared.verdicts[i] = .invalid(code: code, description: description)
+                batch[i].entry = .rejection(rejection)
+                batch[i].verdict = .invalid(code: code, description: description)
                 if case .stopped = await attempting("ledger", { try await ledger.record([.rejection(rejection)]) }) {
-                    prepared.cut(at: i)
-                    return claims.isEmpty ? nil : claims
+                    return claims
                 }
                 claims.append(nil)
             }
@@ -404,17 +361,9 @@ public struct EventProcessor: Sendable {
         return claims
     }
 
-    /// A batch once durable: each message's disposition, or nil while its event's steps are
-    /// still to run (the `work`, to be given to `run`).
-    public struct Recorded: Sendable {
-        public var dispositions: [Disposition?]
-        public var work: [Work]
-    }
-
-    /// An event whose steps are to run.
+    /// An event whose steps are to run, with the record it came in.
     public struct Work: Sendable {
-        /// The message's position in its batch.
-        public var position: Int
+        public let record: IntakeRecord
         var eventID: Int64
         var isNew: Bool
         /// The steps to run; for a redelivery, read from the outbox when its turn comes.
@@ -423,12 +372,13 @@ public struct EventProcessor: Sendable {
         var planned: [PlannedStep] = []
         var outcomeIfDone: EventOutcome
         var context: StepContext
-        var message: IntakeMessage
 
-        /// One subject's events run in order: keyed by the local user, else the provider subject.
+        var message: IntakeMessage { record.message }
+
+        /// One subject's events act in order: keyed by the local user, else the provider's
+        /// subject (scoped to its issuer).
         public var subjectKey: String {
-            context.user.map { "user:" + $0 } ?? context.token.primarySubject.map { "subject:" + $0.jsonText }
-                ?? "event:" + context.token.jti
+            context.user.map { "user:" + $0 } ?? context.token.laneKey
         }
     }
 
@@ -508,69 +458,90 @@ public struct EventProcessor: Sendable {
                     guard await stop.pause(breakers.retryDelay(target)) else { return nil }
                     continue
                 }
-                let lease = await holdLease()
-                guard lease.held else { return nil }
-                if lease.waited {
-                    // The lease's last holder may have recorded this step meanwhile.
-                    guard let current = await retrying("ledger", { try await ledger.steps(ofEvent: work.eventID) }) else { return nil }
-                    if let recorded = current.first(where: { $0.index == step.index }), recorded.status != .pending {
-                        if recorded.status == .failed { failed = true }
-                        finished = isLast
-                        break stepLoop
-                    }
+                // The call and the recording of its outcome are one action for the door: a Kafka
+                // partition's revocation waits for it to end, and none starts once the door has
+                // taken the message back (its next owner runs the step).
+                let acknowledgement = work.record.acknowledgement
+                guard acknowledgement.beginAction() else {
+                    logger.notice("message taken back by its door; its steps are left to the next owner",
+                                  metadata: ["warden.event_id": "\(work.eventID)", "warden.source": "\(work.message.source)"])
+                    if leasedUntil > 0 { _ = try? await ledger.lease(event: work.eventID, owner: leaseOwner, seconds: 0) }
+                    return nil
                 }
-                let calledAt = breakers.currentTime
-                var outcome = await engine.executor.execute(planned.action, context: context)
-                if case .retry = outcome {
-                    breakers.record(target, reachable: false, calledAt: calledAt)
-                    // The target answered someone else since our last try, yet not us: this
-                    // event, not the target, is the problem.
-                    if let previousCall, breakers.succeeded(target, since: previousCall) { refusals += 1 }
-                    previousCall = calledAt
-                    if refusals >= maximumStepAttempts, case .retry(let reason, _) = outcome {
-                        outcome = .failed("gave up after \(refusals) attempts while the target served other events: \(reason)")
+                let next: StepNext = await {
+                    defer { acknowledgement.endAction() }
+                    let lease = await holdLease()
+                    guard lease.held else { return .stopped }
+                    if lease.waited {
+                        // The lease's last holder may have recorded this step meanwhile.
+                        guard let current = await retrying("ledger", { try await ledger.steps(ofEvent: work.eventID) }) else {
+                            return .stopped
+                        }
+                        if let recorded = current.first(where: { $0.index == step.index }), recorded.status != .pending {
+                            if recorded.status == .failed { failed = true }
+                            return .recorded
+                        }
                     }
-                } else {
-                    breakers.record(target, reachable: true)
-                }
-                metrics.step(kind: step.kind, result: outcome.result)
-                switch outcome {
-                case .done(let detail):
-                    logger.info("step done", metadata: about.merging(["warden.detail": "\(detail)"]) { $1 })
-                    let finishing: EventOutcome? = isLast ? (failed ? .failed : work.outcomeIfDone) : nil
-                    guard await retrying("ledger", { try await ledger.recordStep(step.index, of: work.eventID, status: .done,
-                                                                                 detail: detail, finishing: finishing) })
-                        != nil else { return nil }
+                    let calledAt = breakers.currentTime
+                    var outcome = await engine.executor.execute(planned.action, context: context)
+                    if case .retry = outcome {
+                        breakers.record(target, reachable: false, calledAt: calledAt)
+                        // The target answered someone else since our last try, yet not us: this
+                        // event, not the target, is the problem.
+                        if let previousCall, breakers.succeeded(target, since: previousCall) { refusals += 1 }
+                        previousCall = calledAt
+                        if refusals >= maximumStepAttempts, case .retry(let reason, _) = outcome {
+                            outcome = .failed("gave up after \(refusals) attempts while the target served other events: \(reason)")
+                        }
+                    } else {
+                        breakers.record(target, reachable: true)
+                    }
+                    metrics.step(kind: step.kind, result: outcome.result)
+                    switch outcome {
+                    case .done(let detail):
+                        logger.info("step done", metadata: about.merging(["warden.detail": "\(detail)"]) { $1 })
+                        let finishing: EventOutcome? = isLast ? (failed ? .failed : work.outcomeIfDone) : nil
+                        guard await retrying("ledger", { try await ledger.recordStep(step.index, of: work.eventID, status: .done,
+                                                                                     detail: detail, finishing: finishing) })
+                            != nil else { return .stopped }
+                        return .recorded
+                    case .failed(let reason):
+                        failed = true
+                        logger.critical("step failed permanently; dead-lettered", metadata: about.merging(["warden.reason": "\(reason)"]) { $1 })
+                        let description = "\(step.kind) step \(step.index) failed: \(reason)"
+                        let sent = await attempting("dead-letter") { () async throws -> Bool in
+                            try await deadLetters.deadLetter(value: work.message.value, code: "step-failed", description: description,
+                                                             source: work.message.source)
+                            return true
+                        }
+                        switch sent {
+                        case .stopped: return .stopped
+                        case .done: metrics.deadLettered()
+                        case .refused: break  // kept in the ledger only: the step is recorded failed below
+                        }
+                        guard await retrying("ledger", { try await ledger.recordStep(step.index, of: work.eventID, status: .failed,
+                                                                                     detail: reason, finishing: isLast ? .failed : nil) })
+                            != nil else { return .stopped }
+                        return .recorded
+                    case .retry(let reason, let after):
+                        metrics.retried("step")
+                        logger.warning("step will be retried", metadata: about.merging([
+                            "warden.reason": "\(reason)", "warden.attempt": "\(attempt)",
+                        ]) { $1 })
+                        // While the target is down its breaker paces the calls: a step's own backoff
+                        // stays short, so the step runs again within seconds of the target's return.
+                        return .retry(after: after.map { min(max($0, initialBackoff), 300) }
+                            ?? (breakers.isOpen(target) ? initialBackoff : backoff(attempt)))
+                    }
+                }()
+                switch next {
+                case .recorded:
                     finished = isLast
                     break stepLoop
-                case .failed(let reason):
-                    failed = true
-                    logger.critical("step failed permanently; dead-lettered", metadata: about.merging(["warden.reason": "\(reason)"]) { $1 })
-                    let description = "\(step.kind) step \(step.index) failed: \(reason)"
-                    let sent = await attempting("dead-letter") { () async throws -> Bool in
-                        try await deadLetters.deadLetter(value: work.message.value, code: "step-failed", description: description,
-                                                         source: work.message.source)
-                        return true
-                    }
-                    switch sent {
-                    case .stopped: return nil
-                    case .done: metrics.deadLettered()
-                    case .refused: break  // kept in the ledger only: the step is recorded failed below
-                    }
-                    guard await retrying("ledger", { try await ledger.recordStep(step.index, of: work.eventID, status: .failed,
-                                                                                 detail: reason, finishing: isLast ? .failed : nil) })
-                        != nil else { return nil }
-                    finished = isLast
-                    break stepLoop
-                case .retry(let reason, let after):
-                    metrics.retried("step")
-                    logger.warning("step will be retried", metadata: about.merging([
-                        "warden.reason": "\(reason)", "warden.attempt": "\(attempt)",
-                    ]) { $1 })
-                    // While the target is down its breaker paces the calls: a step's own backoff
-                    // stays short, so the step runs again within seconds of the target's return.
-                    let wait = after.map { min(max($0, initialBackoff), 300) }
-                        ?? (breakers.isOpen(target) ? initialBackoff : backoff(attempt))
+                case .stopped:
+                    return nil
+                case .retry(let wait):
+                    // Waiting outside the action: a revocation does not wait for the pause.
                     guard await stop.pause(wait) else { return nil }
                     attempt += 1
                 }
@@ -585,6 +556,16 @@ public struct EventProcessor: Sendable {
             "warden.event_id": "\(work.eventID)", "warden.outcome": "\(outcome.rawValue)", "warden.source": "\(work.message.source)",
         ])
         return outcome
+    }
+
+    /// What one attempt at a step came to.
+    private enum StepNext {
+        /// Its outcome is recorded (by this attempt, or by the lease's previous holder).
+        case recorded
+        /// Run it again after this many seconds.
+        case retry(after: Double)
+        /// The process is stopping.
+        case stopped
     }
 
     static func encode(_ step: PlannedStep) -> String {

@@ -26,6 +26,15 @@ public struct SecurityEventToken: Sendable, Hashable {
     public var primarySubject: SubjectIdentifier? {
         subjectIdentifier ?? events.lazy.compactMap(\.subject).first
     }
+
+    /// The lane of this token's subject, scoped to its issuer: one subject's events act in
+    /// order, and a token waiting for its issuer's keys holds back the later ones of its lane.
+    public var laneKey: String { Self.laneKey(issuer: issuer, subject: primarySubject) }
+
+    /// A subject's lane; without a subject, the issuer's.
+    public static func laneKey(issuer: String, subject: SubjectIdentifier?) -> String {
+        subject.map { "subject:" + issuer + "\n" + $0.jsonText } ?? "issuer:" + issuer
+    }
 }
 
 /// One event of a SET: its type URI, its payload, and its subject.

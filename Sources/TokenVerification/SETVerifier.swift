@@ -69,11 +69,24 @@ public final class SETVerifier: Sendable {
         // suspending or copying the token.
         let first = token.withContiguousStorageIfAvailable { attempt($0, keys: .cached) }
             ?? Array(token).withUnsafeBufferPointer { attempt($0, keys: .cached) }
-        let issuer: Issuer, keyID: String
+        let issuer: Issuer, keyID: String, subject: String?
         switch first {
         case .done(let result): return result
-        case .needsKeys(let i, let k): (issuer, keyID) = (i, k)
+        case .needsKeys(let i, let k, let s): (issuer, keyID, subject) = (i, k, s)
         }
+        var result = await verifyNeedingKeys(token, issuer: issuer, keyID: keyID)
+        // A token that waits for keys holds back the later events of its subject (as it claims
+        // it, unverified): they must not act before it.
+        if case .failure(var error) = result, error.isRetryable {
+            error.unverifiedSubject = subject
+            result = .failure(error)
+        }
+        return result
+    }
+
+    private func verifyNeedingKeys(_ token: some Collection<UInt8>, issuer: Issuer, keyID: String) async
+        -> Result<VerifiedSET, VerificationError>
+    {
 
         // Slow path: load or refresh the issuer's keys, then verify with what they hold.
         var entry: KeySetEntry? = nil
@@ -106,7 +119,8 @@ public final class SETVerifier: Sendable {
 
     private enum Attempt {
         case done(Result<VerifiedSET, VerificationError>)
-        case needsKeys(Issuer, keyID: String)
+        /// With the subject the token claims, unverified (`SubjectIdentifier.laneKey`).
+        case needsKeys(Issuer, keyID: String, subject: String?)
     }
 
     /// Which key a verification attempt uses.
@@ -129,7 +143,9 @@ public final class SETVerifier: Sendable {
                 entry = resolved
             case .cached:
                 guard let cached = issuer.keys.freshEntry(keyID: parsed.keyID, at: now) else {
-                    return .needsKeys(issuer, keyID: parsed.keyID)
+                    let claimed = try? SecurityEventToken.parse(claims: parsed.claims)
+                    return .needsKeys(issuer, keyID: parsed.keyID,
+                                      subject: claimed?.laneKey ?? SecurityEventToken.laneKey(issuer: issuer.policy.issuer, subject: nil))
                 }
                 entry = cached
             }

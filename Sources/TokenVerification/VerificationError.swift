@@ -47,6 +47,9 @@ public struct VerificationError: Error, Sendable, Equatable, CustomStringConvert
 
     public var kind: Kind
     public var description: String
+    /// For `keysUnavailable`: the lane of the subject the token claims (unverified), whose
+    /// later events must wait behind it (`SecurityEventToken.laneKey`).
+    public var unverifiedSubject: String? = nil
 
     public init(_ kind: Kind, _ description: String) {
         self.kind = kind

@@ -1,4 +1,5 @@
 @testable import Kafka
+import Synchronization
 import Testing
 
 /// The commit point never passes a message whose outcome is not durable.
@@ -12,14 +13,14 @@ struct OffsetTrackerTests {
         tracker.assigned([p0])
         for offset in Int64(10)..<15 { _ = tracker.handedOut(p0, offset: offset) }
         #expect(tracker.takeCommits().map(\.1) == [10])  // nothing finished yet: commit the start
-        tracker.finished(p0, offset: 12)
-        tracker.finished(p0, offset: 13)
+        tracker.finished(p0, offset: 12, assignment: nil)
+        tracker.finished(p0, offset: 13, assignment: nil)
         #expect(tracker.takeCommits().isEmpty)  // 10 is still in flight
-        tracker.finished(p0, offset: 10)
+        tracker.finished(p0, offset: 10, assignment: nil)
         #expect(tracker.takeCommits().map(\.1) == [11])
-        tracker.finished(p0, offset: 11)
+        tracker.finished(p0, offset: 11, assignment: nil)
         #expect(tracker.takeCommits().map(\.1) == [14])
-        tracker.finished(p0, offset: 14)
+        tracker.finished(p0, offset: 14, assignment: nil)
         #expect(tracker.takeCommits().map(\.1) == [15])
         #expect(tracker.inFlight == 0)
         #expect(tracker.takeCommits().isEmpty)
@@ -30,26 +31,26 @@ struct OffsetTrackerTests {
         tracker.assigned([p0, p1])
         _ = tracker.handedOut(p0, offset: 0)
         _ = tracker.handedOut(p1, offset: 5)
-        tracker.finished(p1, offset: 5)
+        tracker.finished(p1, offset: 5, assignment: nil)
         let commits = Dictionary(uniqueKeysWithValues: tracker.takeCommits().map { ($0.0, $0.1) })
         #expect(commits == [p0: 0, p1: 6])
         tracker.revoked([p0])
-        tracker.finished(p0, offset: 0)  // late: ignored
+        tracker.finished(p0, offset: 0, assignment: nil)  // late: ignored
         #expect(tracker.takeCommits().isEmpty)
         #expect(tracker.inFlight == 0)
         // A message of a revoked partition is not handed out and creates no state to commit.
         let revokedOne = tracker.handedOut(p0, offset: 1)
-        #expect(revokedOne == false)
+        #expect(revokedOne == nil)
         #expect(tracker.takeCommits().isEmpty)
         let assignedOne = tracker.handedOut(p1, offset: 6)
-        #expect(assignedOne)
+        #expect(assignedOne != nil)
     }
 
     @Test func failedCommitIsSentAgain() {
         var tracker = OffsetTracker()
         tracker.assigned([p0])
         _ = tracker.handedOut(p0, offset: 3)
-        tracker.finished(p0, offset: 3)
+        tracker.finished(p0, offset: 3, assignment: nil)
         #expect(tracker.takeCommits().map(\.1) == [4])
         tracker.forgetCommitted([p0])
         #expect(tracker.takeCommits().map(\.1) == [4])
@@ -60,10 +61,53 @@ struct OffsetTrackerTests {
         tracker.assigned([p0])
         for offset in Int64(0)..<5000 { _ = tracker.handedOut(p0, offset: offset) }
         // Finish everything but 4000, in a scrambled order.
-        for offset in (Int64(0)..<5000).shuffled() where offset != 4000 { tracker.finished(p0, offset: offset) }
+        for offset in (Int64(0)..<5000).shuffled() where offset != 4000 { tracker.finished(p0, offset: offset, assignment: nil) }
         #expect(tracker.takeCommits().map(\.1) == [4000])
         #expect(tracker.inFlight == 1)
-        tracker.finished(p0, offset: 4000)
+        tracker.finished(p0, offset: 4000, assignment: nil)
         #expect(tracker.takeCommits().map(\.1) == [5000])
+    }
+
+    /// After a revoke and a reassignment of the same partition, the redelivered message has the
+    /// same offset as the one the earlier assignment handed out: a late finish of the earlier one
+    /// must not move the commit point past the redelivery, which is still in flight.
+    @Test func aLateFinishFromAnEarlierAssignmentDoesNotCommitItsRedelivery() {
+        var tracker = OffsetTracker()
+        tracker.assigned([p0])
+        let first = tracker.handedOut(p0, offset: 7)
+        let revoked = tracker.revoked([p0])
+        #expect(revoked.map(\.generation) == [first?.generation])
+        tracker.assigned([p0])
+        let second = tracker.handedOut(p0, offset: 7)
+        #expect(second != nil && second !== first)
+        #expect(tracker.takeCommits().map(\.1) == [7])
+        tracker.finished(p0, offset: 7, assignment: first)  // late, from before the revoke
+        #expect(tracker.takeCommits().isEmpty)
+        #expect(tracker.inFlight == 1)
+        tracker.finished(p0, offset: 7, assignment: second)
+        #expect(tracker.takeCommits().map(\.1) == [8])
+    }
+
+    /// A revocation waits for the work under way on its messages, and lets none begin after.
+    @Test func revocationWaitsForWorkUnderWayAndRefusesNewWork() async {
+        var tracker = OffsetTracker()
+        tracker.assigned([p0])
+        let assignment = tracker.handedOut(p0, offset: 0)!
+        #expect(assignment.beginWork())
+        let ended = Atomic(false)
+        let revoking = Task.detached {
+            defer { ended.store(true, ordering: .sequentiallyConsistent) }
+            return assignment.revoke(waitingUpTo: 30)
+        }
+        // The revocation is under way once new work is refused; it cannot end while work is.
+        while !assignment.isRevoked { await Task.yield() }
+        #expect(assignment.beginWork() == false)
+        #expect(ended.load(ordering: .sequentiallyConsistent) == false)
+        assignment.endWork()
+        #expect(await revoking.value == 0)
+        // A grace period that runs out reports what is still under way.
+        let other = PartitionAssignment(partition: p1, generation: 99)
+        #expect(other.beginWork())
+        #expect(other.revoke(waitingUpTo: 0.01) == 1)
     }
 }

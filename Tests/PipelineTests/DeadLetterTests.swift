@@ -73,10 +73,8 @@ struct DeadLetterTests {
         let batch = ["junk-1", "junk-2"].enumerated().map { i, value in
             IntakeMessage(value: Array(value.utf8), source: "kafka:t/0/\(i)", receivedAt: 1)
         }
-        let prepared = await processor.prepare(batch, checked: await processor.check(batch))
-        #expect(prepared.count == 2)
-        let recorded = await processor.record(prepared, batch)
-        #expect(recorded.dispositions == [.rejected(code: "invalid_request"), .rejected(code: "invalid_request")])
+        let settled = await Settled.run(EventPipeline(processor: processor), [batch])
+        #expect(settled.map(\.code) == ["invalid_request", "invalid_request"])
         #expect(sink.attempts.withLock { $0 } == 2)
         #expect(try ledger.deliveries().map(\.verdict) == ["invalid", "invalid"])
         await ledger.close()

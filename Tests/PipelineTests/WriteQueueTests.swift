@@ -1,14 +1,11 @@
-import Kafka
 @testable import Pipeline
 import Synchronization
 import Testing
 
 @Suite("Write queue between verification and the ledger")
 struct WriteQueueTests {
-    func item(_ offsets: Range<Int64>) -> PreparedBatch {
-        let messages = offsets.map { KafkaMessage(topic: "t", partition: 0, offset: $0, key: nil, value: []) }
-        return .init(messages: messages, intake: [], prepared: .init(count: 0, entries: [], verdicts: []))
-    }
+    typealias WriteQueue = BatchQueue<Int64>
+    func item(_ offsets: Range<Int64>) -> [Int64] { Array(offsets) }
 
     @Test func takesEverythingWaitingInOrder() async {
         let queue = WriteQueue(limit: 100)
@@ -16,9 +13,18 @@ struct WriteQueueTests {
         await queue.push(item(3..<5))
         await queue.push(item(5..<9))
         let taken = await queue.takeAll()
-        #expect(taken?.flatMap { $0.messages.map(\.offset) } == Array(0..<9))
+        #expect(taken?.flatMap { $0 } == Array(0..<9))
         queue.close()
         #expect(await queue.takeAll() == nil)
+    }
+
+    /// A wake-up with nothing to take returns an empty take, also when no reader waited yet.
+    @Test func aWakeUpIsNotLost() async {
+        let queue = WriteQueue(limit: 100)
+        queue.wake()
+        #expect(await queue.takeAll() == [])
+        await queue.push(item(0..<1))
+        #expect(await queue.takeAll() == [[0]])
     }
 
     @Test func aWaitingWriterGetsTheNextBatchAtOnce() async {
@@ -26,7 +32,7 @@ struct WriteQueueTests {
         async let taken = queue.takeAll()
         try? await Task.sleep(for: .milliseconds(50))
         await queue.push(item(0..<2))
-        #expect(await taken?.flatMap { $0.messages.map(\.offset) } == [0, 1])
+        #expect(await taken?.flatMap { $0 } == [0, 1])
     }
 
     @Test func verificationWaitsWhileTheLimitIsReachedAndResumesAfterATake() async {
@@ -43,12 +49,12 @@ struct WriteQueueTests {
         try? await Task.sleep(for: .milliseconds(100))
         #expect(pushed.withLock { $0 } == 1)
         let first = await queue.takeAll()
-        #expect(first?.flatMap { $0.messages.map(\.offset) } == Array(0..<12))
+        #expect(first?.flatMap { $0 } == Array(0..<12))
         await second.value
         #expect(pushed.withLock { $0 } == 3)
         queue.close()
         // What was pushed before closing is still handed out, then nothing.
-        #expect(await queue.takeAll()?.flatMap { $0.messages.map(\.offset) } == [12])
+        #expect(await queue.takeAll()?.flatMap { $0 } == [12])
         #expect(await queue.takeAll() == nil)
     }
 }

@@ -1,0 +1,288 @@
+import Foundation
+import Logging
+import Synchronization
+
+/// The stages every door feeds: verification (on every core) → admission (subject, plan, dead
+/// letters) → the ledger writer (one atomic write for all that is ready) → the step runner (one
+/// subject's events in order, different subjects at once). A door feeds batches of records in
+/// and hears about each through the record's acknowledgement; it knows nothing else.
+///
+/// A record waiting for its issuer's keys does not hold the others: it waits aside, with the
+/// later records of its subject (which must not act before it), while everything else flows;
+/// it holds back only what its acknowledgement holds back (for Kafka, its partition's commit
+/// point). At most `maximumWaitingForKeys` records wait so; beyond that, admission waits too.
+public struct EventPipeline: Sendable {
+    public let processor: EventProcessor
+    /// Records that may wait for keys aside at once (`warden_waiting_for_keys`).
+    public var maximumWaitingForKeys = 10_000
+    /// Verified records that may wait for the ledger at once; verification pauses beyond it.
+    public var maximumUnwritten = 16_384
+
+    public init(processor: EventProcessor) {
+        self.processor = processor
+    }
+
+    var metrics: WardenMetrics { processor.metrics }
+    var logger: Logger { processor.logger }
+
+    /// Runs every record of `input` through the stages; returns once each is settled. On stop
+    /// (`processor.stop`), what is not durable yet is settled `.abandoned`.
+    public func run(_ input: some AsyncSequence<[IntakeRecord], Never> & Sendable) async {
+        let processor = self.processor
+        let writeQueue = BatchQueue<EventProcessor.Admitted>(limit: maximumUnwritten)
+        let checkedQueue = BatchQueue<EventProcessor.Checked>(limit: 1)
+        let waiting = WaitingRoom(limit: maximumWaitingForKeys)
+        let lanes = SubjectLanes()
+        await withTaskGroup(of: Void.self) { group in
+            // Verification runs one batch ahead of admission, so the cores are not left to one
+            // task meanwhile.
+            group.addTask {
+                for await batch in input {
+                    await checkedQueue.push(await processor.check(batch))
+                }
+                checkedQueue.close()
+            }
+            // Records waiting for keys are verified again now and then; whatever then has a
+            // verdict goes back to admission, in its lane's order.
+            group.addTask {
+                await waiting.retry(processor: processor, wake: { checkedQueue.wake() })
+            }
+            // Admission.
+            group.addTask {
+                await admit(from: checkedQueue, waiting: waiting, into: writeQueue)
+                waiting.close()
+                writeQueue.close()
+            }
+            // The ledger writer: it takes every batch admitted since its last write and writes
+            // them together, in order, in one atomic write; while it waits for the disk,
+            // verification and admission go on, so the next write is larger rather than later.
+            // Events with steps go to the step runner; the writer goes on meanwhile.
+            group.addTask {
+                await withTaskGroup(of: Void.self) { steps in
+                    while let ready = await writeQueue.takeAll() {
+                        for work in await processor.record(Array(ready.joined())) {
+                            let subjectKey = work.subjectKey
+                            let turn = lanes.enter(subjectKey)
+                            steps.addTask {
+                                // A later event of this subject must not act before this one:
+                                // when the process stops, the subject's later ones stop too.
+                                let previousPassed = await turn.previous?.wait() ?? true
+                                let disposition: Disposition =
+                                    !previousPassed && processor.stop.isStopping ? .abandoned : await processor.run(work)
+                                work.record.acknowledgement.settle(disposition)
+                                turn.mine.open(passed: disposition != .abandoned)
+                                lanes.leave(subjectKey, turn.mine)
+                            }
+                        }
+                    }
+                    await steps.waitForAll()
+                }
+            }
+        }
+    }
+
+    /// Admission: each batch in order, the records waiting for keys put aside with their lanes'
+    /// later records. After a stop, everything not admitted is abandoned.
+    private func admit(from checkedQueue: BatchQueue<EventProcessor.Checked>, waiting: WaitingRoom,
+                       into writeQueue: BatchQueue<EventProcessor.Admitted>) async {
+        let processor = self.processor
+        var stopped = false
+        func pass(_ batch: [EventProcessor.Checked]) async {
+            guard !stopped else {
+                for checked in batch { checked.record.acknowledgement.settle(.abandoned) }
+                return
+            }
+            let (admitted, rest) = await processor.admit(batch)
+            if !admitted.isEmpty { await writeQueue.push(admitted) }
+            if !rest.isEmpty {
+                stopped = true
+                logger.info("left for redelivery", metadata: ["warden.messages": "\(rest.count)"])
+                for checked in rest { checked.record.acknowledgement.settle(.abandoned) }
+            }
+        }
+        var ready: [EventProcessor.Checked] = []
+        /// Puts a record aside when it waits for keys or is behind one of its subject's that
+        /// does; otherwise it is ready for admission.
+        func place(_ checked: EventProcessor.Checked) async {
+            while true {
+                guard let lane = checked.waitingLane ?? checked.lane.flatMap({ waiting.holds($0) ? $0 : nil }) else {
+                    ready.append(checked)
+                    return
+                }
+                if waiting.put(checked, lane: lane) { return }
+                // The waiting room is full: admission waits for it to drain.
+                await pass(ready)
+                ready = []
+                await pass(waiting.takeReleased())
+                let paused = stopped ? false : await processor.stop.pause(0.2)
+                if !paused {
+                    checked.record.acknowledgement.settle(.abandoned)
+                    return
+                }
+            }
+        }
+        while let batches = await checkedQueue.takeAll() {
+            // What came back from waiting goes first: later records of its lanes were held
+            // behind it, and records still arriving for those lanes come after it.
+            await pass(waiting.takeReleased())
+            for batch in batches {
+                for checked in batch { await place(checked) }
+                await pass(ready)
+                ready = []
+            }
+            metrics.gauge("warden_waiting_for_keys", []).record(waiting.count)
+        }
+        // The input ended: what still waits for keys keeps waiting until it has a verdict or
+        // the process stops.
+        while waiting.count > 0, !processor.stop.isStopping {
+            await waiting.released()
+            await pass(waiting.takeReleased())
+            metrics.gauge("warden_waiting_for_keys", []).record(waiting.count)
+        }
+        for checked in waiting.takeAll() { checked.record.acknowledgement.settle(.abandoned) }
+        metrics.gauge("warden_waiting_for_keys", []).record(0)
+    }
+}
+
+/// Records waiting for their issuer's keys, each with the lane (subject) it holds back, and the
+/// later records of those lanes queued behind them, in order.
+final class WaitingRoom: Sendable {
+    private struct Entry {
+        let id: Int
+        var checked: EventProcessor.Checked
+    }
+
+    private struct State {
+        /// Lanes in the order they began waiting; each lane's records in arrival order.
+        var lanes: [String: [Entry]] = [:]
+        var order: [String] = []
+        var count = 0
+        var nextID = 0
+        var closed = false
+        var releasedWaiters: [CheckedContinuation<Void, Never>] = []
+    }
+
+    private let state = Mutex(State())
+    let limit: Int
+
+    init(limit: Int) { self.limit = max(1, limit) }
+
+    var count: Int { state.withLock { $0.count } }
+
+    func holds(_ lane: String) -> Bool { state.withLock { $0.lanes[lane] != nil } }
+
+    /// Queues a record in its lane; false when the room is full.
+    func put(_ checked: EventProcessor.Checked, lane: String) -> Bool {
+        state.withLock { s in
+            guard s.count < limit else { return false }
+            if s.lanes[lane] == nil { s.order.append(lane) }
+            s.lanes[lane, default: []].append(Entry(id: s.nextID, checked: checked))
+            s.nextID += 1
+            s.count += 1
+            return true
+        }
+    }
+
+    /// The records at the head of their lanes that now have a verdict (or a verified token),
+    /// in order; a lane whose records have all gone stops being held.
+    func takeReleased() -> [EventProcessor.Checked] {
+        state.withLock { s in
+            var out: [EventProcessor.Checked] = []
+            for lane in s.order {
+                guard var queue = s.lanes[lane] else { continue }
+                let ready = queue.prefix { $0.checked.waitingLane == nil }
+                guard !ready.isEmpty else { continue }
+                out += ready.map(\.checked)
+                queue.removeFirst(ready.count)
+                s.lanes[lane] = queue.isEmpty ? nil : queue
+            }
+            if !out.isEmpty { s.order.removeAll { s.lanes[$0] == nil } }
+            s.count -= out.count
+            return out
+        }
+    }
+
+    func takeAll() -> [EventProcessor.Checked] {
+        state.withLock { s in
+            defer {
+                s.lanes = [:]
+                s.order = []
+                s.count = 0
+            }
+            return s.order.flatMap { (s.lanes[$0] ?? []).map(\.checked) }
+        }
+    }
+
+    /// Waits until a retry round has given some record a verdict, or the room closes.
+    func released() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let resumeNow = state.withLock { s -> Bool in
+                if s.closed || s.count == 0 { return true }
+                s.releasedWaiters.append(continuation)
+                return false
+            }
+            if resumeNow { continuation.resume() }
+        }
+    }
+
+    func close() {
+        state.withLock { $0.closed = true }
+        wakeWaiters()
+    }
+
+    private func wakeWaiters() {
+        let waiters = state.withLock { s -> [CheckedContinuation<Void, Never>] in
+            defer { s.releasedWaiters = [] }
+            return s.releasedWaiters
+        }
+        for waiter in waiters { waiter.resume() }
+    }
+
+    /// Verifies the waiting records again, backing off between rounds, until closed or the
+    /// process stops; wakes admission when some record has a verdict.
+    func retry(processor: EventProcessor, wake: @Sendable () -> Void) async {
+        defer {
+            close()
+            wake()
+        }
+        var attempt = 0
+        while true {
+            let (closed, empty) = state.withLock { ($0.closed, $0.count == 0) }
+            if closed { return }
+            if empty {
+                attempt = 0
+                guard await processor.stop.pause(0.2) else { return }
+                continue
+            }
+            guard await processor.stop.pause(processor.backoff(attempt)) else { return }
+            attempt += 1
+            let waiting = state.withLock { s in
+                s.order.flatMap { (s.lanes[$0] ?? []).filter { $0.checked.waitingLane != nil } }
+            }
+            var changed = false
+            for entry in waiting {
+                let again = await processor.checkAgain(entry.checked)
+                guard again.waitingLane == nil else { continue }
+                changed = true
+                state.withLock { s in
+                    for lane in s.order {
+                        guard let i = s.lanes[lane]?.firstIndex(where: { $0.id == entry.id }) else { continue }
+                        s.lanes[lane]![i].checked = again
+                        break
+                    }
+                }
+            }
+            processor.metrics.retried("keys_unavailable")
+            if changed {
+                attempt = 0
+                wakeWaiters()
+                wake()
+            } else if let first = waiting.first, case .failure(let error) = first.checked.result {
+                processor.logger.warning("issuer keys unavailable; will retry", metadata: [
+                    "warden.waiting": "\(waiting.count)", "warden.source": "\(first.checked.record.message.source)",
+                    "warden.reason": "\(error.description)", "warden.attempt": "\(attempt)",
+                ])
+            }
+        }
+    }
+}

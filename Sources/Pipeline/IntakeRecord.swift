@@ -1,0 +1,58 @@
+public import Ledger
+
+/// A message from any door (Kafka, push, poll, replay), not yet verified.
+public struct IntakeMessage: Sendable {
+    public var value: [UInt8]
+    /// Where it came from, for the ledger and the dead letter: `kafka:topic/partition/offset`, `push`, …
+    public var source: String
+    public var receivedAt: Double
+
+    public init(value: [UInt8], source: String, receivedAt: Double) {
+        self.value = value
+        self.source = source
+        self.receivedAt = receivedAt
+    }
+}
+
+/// What happened to a message, once it is durable.
+public enum Disposition: Sendable, Equatable {
+    /// A new event, claimed and recorded with its outcome.
+    case recorded(eventID: Int64, outcome: EventOutcome)
+    /// The (issuer, jti) was already in the ledger (and its steps, if any, are finished).
+    case duplicate(eventID: Int64)
+    /// The token failed verification (or the ledger cannot hold it): dead-lettered and recorded.
+    case rejected(code: String, description: String)
+    /// Not finished (the process is stopping, or the door took the message back): the message
+    /// must be delivered again.
+    case abandoned
+}
+
+/// How a door hears what became of one of its messages, and how it takes one back.
+///
+/// Kafka finishes the message's offset; the push receiver answers the HTTP request; the poll
+/// client adds the `jti` to its next `ack` list; replay writes a report line.
+public protocol Acknowledgement: Sendable {
+    /// Called exactly once per record, when its outcome is durable, or with `.abandoned`.
+    func settle(_ disposition: Disposition)
+    /// Called before each action on a target made for this message (and the recording of its
+    /// outcome): false when the door has taken the message back (its Kafka partition was
+    /// revoked), and then no action may start. Each true is followed by one `endAction()`.
+    func beginAction() -> Bool
+    func endAction()
+}
+
+extension Acknowledgement {
+    public func beginAction() -> Bool { true }
+    public func endAction() {}
+}
+
+/// One message travelling through the pipeline's stages, with its own acknowledgement.
+public struct IntakeRecord: Sendable {
+    public var message: IntakeMessage
+    public let acknowledgement: any Acknowledgement
+
+    public init(_ message: IntakeMessage, acknowledgement: any Acknowledgement) {
+        self.message = message
+        self.acknowledgement = acknowledgement
+    }
+}
