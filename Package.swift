@@ -78,11 +78,20 @@ let package = Package(
             dependencies: ["CRdkafka", .product(name: "Logging", package: "swift-log")],
             swiftSettings: strict
         ),
+        // Database URLs, parsed once for the ledger and for SQL targets.
+        .target(
+            name: "DatabaseLocations",
+            dependencies: [
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strict
+        ),
         // Durable state: de-duplication claims, event records, outcomes.
         .target(
             name: "Ledger",
             dependencies: [
-                "SecurityEvents",
+                "SecurityEvents", "DatabaseLocations",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "GRDBSQLite", package: "GRDB.swift"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
@@ -106,7 +115,7 @@ let package = Package(
         .target(
             name: "Invalidation",
             dependencies: [
-                "SecurityEvents", "Redis", "Ledger", "HTTPExchange",
+                "SecurityEvents", "Redis", "DatabaseLocations", "HTTPExchange",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "GRDB", package: "GRDB.swift"),
@@ -232,7 +241,7 @@ let package = Package(
         ),
         .testTarget(
             name: "PipelineTests",
-            dependencies: ["Pipeline", "Kafka", "Ledger", "TokenVerification",
+            dependencies: ["Pipeline", "Kafka", "Ledger", "TokenVerification", "Invalidation", "SETMinting", "SecurityEvents",
                            .product(name: "Logging", package: "swift-log"), .product(name: "Metrics", package: "swift-metrics")],
             swiftSettings: testSettings
         ),

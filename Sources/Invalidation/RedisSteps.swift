@@ -232,8 +232,7 @@ public struct RedisStepExecutor: StepExecutor {
     func check(_ replies: [RedisReply]) throws(StepFailure) {
         for reply in replies {
             if case .error(let message) = reply {
-                let transient = ["LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN", "CLUSTERDOWN"].contains { message.hasPrefix($0) }
-                throw transient ? .unreachable("Redis: \(message)") : .refused("Redis refused the step: \(message)")
+                throw reply.isTransientError ? .unreachable("Redis: \(message)") : .refused("Redis refused the step: \(message)")
             }
         }
     }

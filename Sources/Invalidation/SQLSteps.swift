@@ -1,6 +1,6 @@
 import Foundation
 internal import GRDB
-import Ledger
+import DatabaseLocations
 public import Logging
 internal import PostgresNIO
 public import SecurityEvents
@@ -33,8 +33,8 @@ public final class SQLTarget: Sendable {
             summary = "sqlite \(path)"
             return
         }
-        let parsed: PostgresLedger.Location
-        switch PostgresLedger.Location.parse(location) {
+        let parsed: PostgresLocation
+        switch PostgresLocation.parse(location) {
         case .success(let value): parsed = value
         case .failure(let error): throw TargetSettingsError("expected sqlite:PATH or a PostgreSQL URL: \(error.message)")
         }

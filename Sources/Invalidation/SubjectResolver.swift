@@ -39,9 +39,10 @@ public struct RedisResolver: SubjectResolver {
         let values = Planner.values(for: event, in: token, resolution: .unresolved)
         guard let filled = try? Planner.substitute(key, values: values, escapeGlob: false) else { return .resolved(.unresolved) }
         do {
-            switch try await client.send(["GET", filled]) {
+            let reply = try await client.send(["GET", filled])
+            switch reply {
             case .string(let bytes) where !bytes.isEmpty: return .resolved(.user(String(decoding: bytes, as: UTF8.self)))
-            case .error(let message) where ["LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN"].contains(where: message.hasPrefix):
+            case .error(let message) where reply.isTransientError:
                 return .retry("Redis cannot answer the subject lookup yet: \(message)")
             default: return .resolved(.unresolved)
             }

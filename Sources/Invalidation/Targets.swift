@@ -1,6 +1,6 @@
 public import Foundation
 public import Redis
-import Ledger
+import DatabaseLocations
 
 extension RedisConnectionSettings {
     /// Parses `redis://[user[:password]@]host[:port][/database]`; the error says what is wrong
@@ -100,7 +100,7 @@ public enum TargetSettings: Sendable, Hashable {
         case .webhook(let endpoint): "webhook \(endpoint.url.absoluteString)"
         case .sql(let location):
             // A PostgreSQL URL is shown without its password.
-            "sql \((try? PostgresLedger.Location.parse(location).get())?.description ?? location)"
+            "sql \((try? PostgresLocation.parse(location).get())?.description ?? location)"
         }
     }
 }

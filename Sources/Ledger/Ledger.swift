@@ -91,6 +91,11 @@ public struct LedgerEvent: Sendable, Equatable {
     public var keyThumbprint: String
     public var issuedAt: Double
     public var receivedAt: Double
+    /// For an event with steps: who holds its lease once claimed, and until when (seconds
+    /// since 1970). The claim takes the lease in the same write, so the claimant's first step
+    /// needs no write of its own.
+    public var leaseOwner: String? = nil
+    public var leaseUntil: Double? = nil
 
     public init(issuer: String, jti: String, token: String, source: String, eventTypes: [String], subject: String?,
                 keyID: String, algorithm: String, keyThumbprint: String, issuedAt: Double, receivedAt: Double) {

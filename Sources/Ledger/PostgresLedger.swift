@@ -1,64 +1,14 @@
+public import DatabaseLocations
 import Foundation
 public import Logging
-package import PostgresNIO
+import PostgresNIO
 
 /// The ledger in PostgreSQL, shared by every replica: the unique (issuer, jti) constraint is the
 /// one place a claim is decided, and the outbox is seen by all. Each write is one transaction;
 /// migrations take an advisory lock, so replicas starting together migrate once.
 public final class PostgresLedger: Ledger {
-    public struct Location: Sendable, Hashable, CustomStringConvertible {
-        public var host: String
-        public var port: Int
-        public var username: String
-        public var password: String?
-        public var database: String
-
-        public init(host: String, port: Int = 5432, username: String, password: String? = nil, database: String) {
-            self.host = host
-            self.port = port
-            self.username = username
-            self.password = password
-            self.database = database
-        }
-
-        /// `postgres://user[:password]@host[:port]/database`; the error never shows the password.
-        public static func parse(_ text: String) -> Result<Location, LedgerError> {
-            guard text.hasPrefix("postgres://") || text.hasPrefix("postgresql://"), let c = URLComponents(string: text),
-                  let host = c.host, !host.isEmpty, let user = c.user, !user.isEmpty
-            else {
-                return .failure(LedgerError(.refused, "expected postgres://user[:password]@host[:port]/database"))
-            }
-            let database = c.path.trimmingCharacters(in: CharacterSet(charactersIn: "/"))
-            guard !database.isEmpty else { return .failure(LedgerError(.refused, "the URL names no database (postgres://user@host/database)")) }
-            // Every parameter is honoured or refused, never ignored: a dropped sslmode=require
-            // would connect without TLS while the operator believes otherwise.
-            for item in c.queryItems ?? [] {
-                switch (item.name, item.value ?? "") {
-                case ("sslmode", "disable"), ("sslmode", "allow"), ("sslmode", "prefer"):
-                    continue  // libpq's meaning: a connection without TLS is acceptable
-                case ("sslmode", "require"), ("sslmode", "verify-ca"), ("sslmode", "verify-full"):
-                    return .failure(LedgerError(.refused, "sslmode=\(item.value ?? "") asks for TLS, which this version cannot make to PostgreSQL; use sslmode=disable on a trusted network, or a TLS tunnel"))
-                case ("sslmode", let value):
-                    return .failure(LedgerError(.refused, "sslmode=\(value.prefix(32)) is not an sslmode (disable, allow, prefer, require, verify-ca, verify-full)"))
-                default:
-                    return .failure(LedgerError(.refused, "the URL parameter \"\(item.name.prefix(32))\" is not supported (supported: sslmode=disable|allow|prefer)"))
-                }
-            }
-            return .success(Location(host: host, port: c.port ?? 5432, username: user.removingPercentEncoding ?? user,
-                                     password: c.password.map { $0.removingPercentEncoding ?? $0 }, database: database))
-        }
-
-        public var description: String { "postgres://\(username)@\(host):\(port)/\(database)" }
-
-        /// A client for this location (no TLS; run it with `run()`).
-        package func makeClient(maximumConnections: Int, logger: Logger) -> PostgresClient {
-            var configuration = PostgresClient.Configuration(host: host, port: port, username: username, password: password,
-                                                             database: database, tls: .disable)
-            configuration.options.maximumConnections = maximumConnections
-            configuration.options.connectTimeout = .seconds(5)
-            return PostgresClient(configuration: configuration, backgroundLogger: logger)
-        }
-    }
+    /// Where the database is: `postgres://user[:password]@host[:port]/database`.
+    public typealias Location = PostgresLocation
 
     public let location: Location
     private let client: PostgresClient
@@ -191,9 +141,10 @@ public final class PostgresLedger: Ledger {
         let types = jsonArray(e.eventTypes), kinds = jsonArray(steps.map(\.kind))
         let inserted = try await connection.query("""
             INSERT INTO events (issuer, jti, token, source, event_types, subject, key_id, algorithm, key_thumbprint,
-                                issued_at, received_at, outcome, steps, updated_at)
+                                issued_at, received_at, outcome, steps, updated_at, lease_owner, lease_until)
             VALUES (\(e.issuer), \(e.jti), \(e.token), \(e.source), \(types), \(e.subject), \(e.keyID), \(e.algorithm),
-                    \(e.keyThumbprint), \(e.issuedAt), \(e.receivedAt), \(outcome.rawValue), \(kinds), \(e.receivedAt))
+                    \(e.keyThumbprint), \(e.issuedAt), \(e.receivedAt), \(outcome.rawValue), \(kinds), \(e.receivedAt),
+                    \(e.leaseOwner), \(e.leaseUntil))
             ON CONFLICT (issuer, jti) DO NOTHING
             RETURNING id
             """, logger: logger)

@@ -105,6 +105,10 @@ struct SQLiteBinder {
 
     mutating func double(_ value: Double) { slots.append(.double(value)) }
 
+    mutating func double(_ value: Double?) {
+        if let value { double(value) } else { slots.append(.null) }
+    }
+
     mutating func integer(_ value: Int64) { slots.append(.integer(value)) }
 
     /// A JSON array of strings (event type URIs, step names) as one text, written in place.

@@ -155,8 +155,8 @@ public final class SQLiteLedger: Ledger {
             self.db = db
             insert = try db.cachedStatement(sql: """
                 INSERT INTO events (issuer, jti, token, source, event_types, subject, key_id, algorithm,
-                                    key_thumbprint, issued_at, received_at, outcome, steps, updated_at)
-                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                                    key_thumbprint, issued_at, received_at, outcome, steps, updated_at, lease_owner, lease_until)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                 ON CONFLICT (issuer, jti) DO NOTHING
                 """)
         }
@@ -177,6 +177,8 @@ public final class SQLiteLedger: Ledger {
                 $0.text(outcome.rawValue)
                 $0.jsonArray(steps.map(\.kind))
                 $0.double(event.receivedAt)
+                $0.text(event.leaseOwner)
+                $0.double(event.leaseUntil)
             }
             if inserted == 1 {
                 // SQLite's own call: GRDB's property checks the dispatch queue on every read.

@@ -242,8 +242,14 @@ public struct EventProcessor: Sendable {
                 // The event is claimed together with its outbox: the planned steps, all pending.
                 let steps = plan.steps.map { OutboxStep(index: $0.index, kind: $0.action.kind, action: Self.encode($0)) }
                 let outcome: EventOutcome = !steps.isEmpty ? .pending : plan.isUnresolved ? .unresolved : .processed
+                var claimed = ledgerEvent(event.verified, message)
+                if !steps.isEmpty {
+                    // The claim takes the event's lease: its first step needs no write of its own.
+                    claimed.leaseOwner = leaseOwner
+                    claimed.leaseUntil = Date().timeIntervalSince1970 + leaseSeconds
+                }
                 admitted.append(Admitted(record: checked.record, verdict: verdict,
-                                         entry: .event(ledgerEvent(event.verified, message), outcome: outcome, steps: steps)))
+                                         entry: .event(claimed, outcome: outcome, steps: steps)))
             case .invalid(let code, let description):
                 metrics.deadLettered()
                 admitted.append(Admitted(record: checked.record, verdict: verdict,
@@ -297,8 +303,10 @@ public struct EventProcessor: Sendable {
                     logger.info("event recorded", metadata: metadata(event.token, message, eventID: id))
                     acknowledgement.settle(.recorded(eventID: id, outcome: outcome))
                 } else {
-                    work.append(Work(record: admitted.record, eventID: id, isNew: true, steps: steps, planned: event.plan.steps,
-                                     outcomeIfDone: outcome, context: StepContext(token: event.token, user: event.user)))
+                    var new = Work(record: admitted.record, eventID: id, isNew: true, steps: steps, planned: event.plan.steps,
+                                   outcomeIfDone: outcome, context: StepContext(token: event.token, user: event.user))
+                    if case .event(let claimed, _, _) = admitted.entry { new.leasedUntil = claimed.leaseUntil ?? 0 }
+                    work.append(new)
                 }
             case (.valid(let event), .duplicate(let id)?):
                 outcomes.add("duplicate")
@@ -372,6 +380,8 @@ public struct EventProcessor: Sendable {
         var planned: [PlannedStep] = []
         var outcomeIfDone: EventOutcome
         var context: StepContext
+        /// Until when this process holds the event's lease (taken with its claim); 0 if not.
+        var leasedUntil = 0.0
 
         var message: IntakeMessage { record.message }
 
@@ -385,7 +395,12 @@ public struct EventProcessor: Sendable {
     /// Runs one event's steps; its disposition once they are all done or failed for good, or
     /// `.abandoned` when the process stopped first.
     public func run(_ work: Work) async -> Disposition {
-        guard let outcome = await runSteps(work) else { return .abandoned }
+        guard let outcome = await runSteps(work) else {
+            // Left for the next delivery: the lease, if this process holds it, is given up at
+            // once, so the next owner does not wait for it to run out.
+            _ = try? await ledger.lease(event: work.eventID, owner: leaseOwner, seconds: 0)
+            return .abandoned
+        }
         return work.isNew ? .recorded(eventID: work.eventID, outcome: outcome) : .duplicate(eventID: work.eventID)
     }
 
@@ -407,7 +422,7 @@ public struct EventProcessor: Sendable {
         // killed process whose lease has not run out yet) runs its steps while this one does.
         // While another holds it, this one waits; once it has it after waiting, the step's
         // status is read again, as the holder may have finished it. Nil when stopping.
-        var leasedUntil = 0.0
+        var leasedUntil = work.leasedUntil
         func holdLease() async -> (held: Bool, waited: Bool) {
             var waited = false
             while true {
@@ -465,7 +480,6 @@ public struct EventProcessor: Sendable {
                 guard acknowledgement.beginAction() else {
                     logger.notice("message taken back by its door; its steps are left to the next owner",
                                   metadata: ["warden.event_id": "\(work.eventID)", "warden.source": "\(work.message.source)"])
-                    if leasedUntil > 0 { _ = try? await ledger.lease(event: work.eventID, owner: leaseOwner, seconds: 0) }
                     return nil
                 }
                 let next: StepNext = await {

@@ -71,21 +71,35 @@ public struct RedisConnectionSettings: Sendable, Hashable {
     }
 }
 
-/// A Redis client over hiredis: a pool of blocking connections, each used by one caller at a
-/// time on its own serial queue, outside Swift's cooperative pool. Commands sent together are pipelined
-/// (written at once, replies read in order). A connection that fails is closed and opened
-/// again (with AUTH and SELECT) on its next use; the failed call reports a retryable error and
-/// is not repeated here — the caller decides, since only it knows whether a retry is safe.
+/// A Redis client over hiredis: a pool of blocking connections, each running on its own serial
+/// queue, outside Swift's cooperative pool. Commands sent together are pipelined (written at
+/// once, replies read in order), and so are the requests of concurrent callers: a connection
+/// takes every request waiting when it becomes free and sends them in one round trip, so under
+/// load the steps of many events share one write and one read. A connection that fails is
+/// closed and opened again (with AUTH and SELECT) on its next use; the requests it carried
+/// report a retryable error and are not repeated here — each caller decides, since only it
+/// knows whether a retry is safe.
 public final class RedisClient: Sendable {
     public let settings: RedisConnectionSettings
     private let pool: Mutex<Pool>
 
+    private struct Request {
+        let commands: [[[UInt8]]]
+        let continuation: CheckedContinuation<Result<[RedisReply], RedisError>, Never>
+    }
+
     private struct Pool {
         var idle: [Connection] = []
         var created = 0
-        var waiters: [CheckedContinuation<Connection, any Error>] = []
+        var queued: [Request] = []
         var closed = false
     }
+
+    /// Most commands one round trip carries (whole requests; one larger request goes alone).
+    static let maximumCommandsPerRoundTrip = 1024
+
+    /// Round trips made (pipelines written and read), for tests.
+    let roundTrips = Atomic<Int>(0)
 
     public init(settings: RedisConnectionSettings) {
         self.settings = settings
@@ -106,69 +120,95 @@ public final class RedisClient: Sendable {
     /// Commands whose arguments are bytes.
     public func pipeline(_ commands: [[[UInt8]]]) async throws(RedisError) -> [RedisReply] {
         guard !commands.isEmpty else { return [] }
-        let connection = try await checkOut()
-        let result: Result<[RedisReply], RedisError> = await withCheckedContinuation { continuation in
-            connection.queue.async { continuation.resume(returning: connection.run(commands, settings: self.settings)) }
+        let result = await withCheckedContinuation { (continuation: CheckedContinuation<Result<[RedisReply], RedisError>, Never>) in
+            enum Start { case closed, queued, drive(Connection) }
+            let start = pool.withLock { p -> Start in
+                if p.closed { return .closed }
+                p.queued.append(Request(commands: commands, continuation: continuation))
+                if let connection = p.idle.popLast() { return .drive(connection) }
+                if p.created < settings.poolSize {
+                    p.created += 1
+                    return .drive(Connection())
+                }
+                return .queued  // a busy connection takes it when it is free
+            }
+            switch start {
+            case .closed: continuation.resume(returning: .failure(RedisError("the Redis client is closed", retryable: false)))
+            case .queued: break
+            case .drive(let connection): drive(connection)
+            }
         }
-        checkIn(connection)
         return try result.get()
     }
 
     /// Closes every connection; calls after this fail.
     public func close() {
-        let (idle, waiters) = pool.withLock { p -> ([Connection], [CheckedContinuation<Connection, any Error>]) in
+        let (idle, queued) = pool.withLock { p -> ([Connection], [Request]) in
             p.closed = true
-            defer { p.idle = []; p.waiters = [] }
-            return (p.idle, p.waiters)
+            defer { p.idle = []; p.queued = [] }
+            return (p.idle, p.queued)
         }
-        for connection in idle { connection.disconnect() }
-        for waiter in waiters { waiter.resume(throwing: RedisError("the Redis client is closed", retryable: false)) }
+        for connection in idle { connection.queue.async { connection.disconnect() } }
+        for request in queued { request.continuation.resume(returning: .failure(RedisError("the Redis client is closed", retryable: false))) }
     }
 
-    private func checkOut() async throws(RedisError) -> Connection {
-        do {
-            return try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Connection, any Error>) in
-                enum Action { case give(Connection), fail, wait }
-                let action = pool.withLock { p -> Action in
-                    if p.closed { return .fail }
-                    if let connection = p.idle.popLast() { return .give(connection) }
-                    if p.created < settings.poolSize {
-                        p.created += 1
-                        return .give(Connection())
+    /// Runs on the connection's queue: sends every waiting request (up to the round-trip bound)
+    /// in one pipeline, answers each, and goes on while requests wait; then returns to the pool.
+    private func drive(_ connection: Connection) {
+        connection.queue.async { [self] in
+            while true {
+                let batch = pool.withLock { p -> [Request]? in
+                    if p.closed || p.queued.isEmpty {
+                        if !p.closed { p.idle.append(connection) }
+                        return p.closed ? nil : []
                     }
-                    p.waiters.append(continuation)
-                    return .wait
+                    var count = 0, taken = 0
+                    for request in p.queued {
+                        if taken > 0, count + request.commands.count > Self.maximumCommandsPerRoundTrip { break }
+                        count += request.commands.count
+                        taken += 1
+                    }
+                    defer { p.queued.removeFirst(taken) }
+                    return Array(p.queued.prefix(taken))
                 }
-                switch action {
-                case .give(let connection): continuation.resume(returning: connection)
-                case .fail: continuation.resume(throwing: RedisError("the Redis client is closed", retryable: false))
-                case .wait: break
+                guard let batch else {
+                    connection.disconnect()
+                    return
+                }
+                if batch.isEmpty { return }
+                roundTrips.add(1, ordering: .relaxed)
+                let result = batch.count == 1 ? connection.run(batch[0].commands, settings: settings)
+                    : connection.run(batch.flatMap(\.commands), settings: settings)
+                switch result {
+                case .failure(let error):
+                    for request in batch { request.continuation.resume(returning: .failure(error)) }
+                case .success(let replies):
+                    var start = 0
+                    for request in batch {
+                        let end = start + request.commands.count
+                        request.continuation.resume(returning: .success(Array(replies[start..<end])))
+                        start = end
+                    }
                 }
             }
-        } catch let error as RedisError {
-            throw error
-        } catch {
-            throw RedisError("\(error)", retryable: false)
         }
     }
+}
 
-    private func checkIn(_ connection: Connection) {
-        let (waiter, closed) = pool.withLock { p -> (CheckedContinuation<Connection, any Error>?, Bool) in
-            if p.closed { return (nil, true) }
-            if !p.waiters.isEmpty { return (p.waiters.removeFirst(), false) }
-            p.idle.append(connection)
-            return (nil, false)
-        }
-        if closed { connection.disconnect() }
-        waiter?.resume(returning: connection)
+extension RedisReply {
+    /// For an error reply: whether the server may take the same command later (`LOADING`,
+    /// `BUSY`, `TRYAGAIN`, `MASTERDOWN`, `CLUSTERDOWN`) rather than refuse it again
+    /// (`WRONGTYPE`, `NOPERM`, …). The one classification every Redis caller uses.
+    public var isTransientError: Bool {
+        guard case .error(let message) = self else { return false }
+        return ["LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN", "CLUSTERDOWN"].contains { message.hasPrefix($0) }
     }
 }
 
 /// One hiredis connection, opened lazily and reopened after a failure.
 ///
-/// `@unchecked Sendable`: the pool hands a connection to one caller at a time (checked out
-/// under the pool's lock, checked back in after use), so its context is never touched by two
-/// threads at once.
+/// `@unchecked Sendable`: its context is only touched on its own serial `queue` (the pool hands
+/// an idle connection to one driver at a time, under the pool's lock), never by two threads at once.
 final class Connection: @unchecked Sendable {
     private var context: UnsafeMutablePointer<redisContext>?
     /// Its blocking calls run here: one serial queue per connection keeps the threads doing

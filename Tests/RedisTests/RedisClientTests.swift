@@ -1,5 +1,5 @@
 import Foundation
-import Redis
+@testable import Redis
 import Testing
 import WardenTestSupport
 
@@ -20,6 +20,50 @@ struct RedisClientTests {
         #expect(message.contains("not an integer"))
         // Another client sees what this one wrote.
         #expect(try await server.cli(["SCARD", "s"]) == "2")
+    }
+
+    // Concurrent callers' requests share round trips, and each caller gets its own replies, in
+    // its own order.
+    @Test func concurrentRequestsShareRoundTripsAndKeepTheirReplies() async throws {
+        let server = try await RedisServer()
+        let client = RedisClient(settings: .init(host: "127.0.0.1", port: server.port, poolSize: 1))
+        defer { client.close() }
+        let callers = 400
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for i in 0..<callers {
+                group.addTask {
+                    let replies = try await client.pipeline([["SET", "k\(i)", "v\(i)"], ["GET", "k\(i)"], ["INCRBY", "n", "\(i)"]])
+                    #expect(replies.count == 3)
+                    #expect(replies[0] == .status("OK"))
+                    #expect(replies[1] == .string(Array("v\(i)".utf8)))
+                }
+            }
+            try await group.waitForAll()
+        }
+        #expect(try await server.cli(["GET", "n"]) == "\(callers * (callers - 1) / 2)")
+        #expect(client.roundTrips.load(ordering: .relaxed) < callers)
+    }
+
+    // A connection that fails under a shared round trip fails every request it carried, with a
+    // retryable error; the next request reconnects.
+    @Test func aFailedSharedRoundTripFailsEachOfItsRequestsRetryably() async throws {
+        let server = try await RedisServer()
+        let client = RedisClient(settings: .init(host: "127.0.0.1", port: server.port, poolSize: 1))
+        defer { client.close() }
+        _ = try await client.send(["PING"])
+        _ = try await server.cli(["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"])
+        let results = await withTaskGroup(of: Bool?.self) { group in
+            for _ in 0..<20 {
+                group.addTask {
+                    do throws(RedisError) { _ = try await client.send(["PING"]); return nil } catch { return error.isRetryable }
+                }
+            }
+            return await group.reduce(into: [Bool?]()) { $0.append($1) }
+        }
+        // Those that failed did so retryably; at least the first round trip failed.
+        #expect(results.contains { $0 == true })
+        #expect(!results.contains { $0 == false })
+        #expect(try await client.send(["PING"]) == .status("PONG"))
     }
 
     @Test func binaryValuesRoundTrip() async throws {

@@ -1,0 +1,276 @@
+import CoreMetrics
+import Foundation
+import Invalidation
+import Ledger
+import Logging
+@testable import Pipeline
+import SETMinting
+import SecurityEvents
+import Synchronization
+import Testing
+import TokenVerification
+
+/// The pipeline's core in-process, with fakes of the ledger, the dead-letter sink and the
+/// executor, and real verification of tokens minted here with throwaway keys.
+@Suite("Pipeline core, in-process", .timeLimit(.minutes(2)))
+struct CoreTests {
+    static let issuerA = "https://a.example/"
+    static let issuerB = "https://b.example/"
+    static let audience = "warden-test"
+    static let keyA = try! SigningKey.rsa(keyID: "a1", bits: 2048)
+    static let keyB1 = try! SigningKey.rsa(keyID: "b1", bits: 2048)
+    static let keyB2 = try! SigningKey.rsa(keyID: "b2", bits: 2048)
+
+    static var logger: Logger {
+        var logger = Logger(label: "core-test")
+        logger.logLevel = .critical
+        return logger
+    }
+
+    /// Two steps for every sessions-revoked event (the executor only counts and scripts them).
+    static let policy = Policy(rules: [
+        EventType.sessionsRevoked.uri: [
+            PolicyRule(.purgeSet(target: "sessions", set: "sessions:{user}")),
+            PolicyRule(.setFlag(target: "sessions", key: "blocked:{user}", value: "1", ttl: nil)),
+        ],
+    ])
+
+    /// The world of one test: issuer A with pinned keys; issuer B whose keys come from a
+    /// fetcher that can fail, under a clock that can be moved forward.
+    final class World: Sendable {
+        let ledger: MemoryLedger
+        let deadLetters = MemoryDeadLetters()
+        let executor = ScriptedExecutor()
+        let fetcherB = SwitchableKeyFetcher()
+        let clockOffset = ClockOffset()
+        let stop = StopSignal()
+        let processor: EventProcessor
+
+        /// A process; `ledger` shared with another one, when given.
+        init(ledger: MemoryLedger = MemoryLedger()) {
+            self.ledger = ledger
+            let offset = clockOffset
+            let clock = WallClock { Date().timeIntervalSince1970 + offset.seconds.withLock { $0 } }
+            let policyA = IssuerPolicy(issuer: CoreTests.issuerA, keySource: .pinned(document: Array(SETMinter.jwks([CoreTests.keyA]).utf8), origin: "test"),
+                                       audiences: [CoreTests.audience], profile: .risc)
+            var policyB = IssuerPolicy(issuer: CoreTests.issuerB, keySource: .jwks(URL(string: "https://b.example/jwks")!),
+                                       audiences: [CoreTests.audience], profile: .risc)
+            policyB.keyCache.failureRetryInterval = 0
+            policyB.keyCache.unknownKeyCooldown = 0
+            let cacheA = IssuerKeyCache(issuer: CoreTests.issuerA, source: policyA.keySource, settings: policyA.keyCache,
+                                        fetcher: OfflineKeyFetcher(), clock: clock, logger: CoreTests.logger)
+            let cacheB = IssuerKeyCache(issuer: CoreTests.issuerB, source: policyB.keySource, settings: policyB.keyCache,
+                                        fetcher: fetcherB, clock: clock, logger: CoreTests.logger)
+            let verifier = SETVerifier(issuers: [.init(policy: policyA, keys: cacheA), .init(policy: policyB, keys: cacheB)], clock: clock)
+            var processor = EventProcessor(verifier: verifier, ledger: ledger, deadLetters: deadLetters,
+                                           metrics: WardenMetrics(factory: NOOPMetricsHandler.instance), logger: CoreTests.logger, stop: stop)
+            processor.engine = InvalidationEngine(planner: Planner(policy: CoreTests.policy), resolver: IdentityResolver(), executor: executor)
+            processor.initialBackoff = 0.01
+            processor.maximumBackoff = 0.05
+            self.processor = processor
+        }
+
+        var pipeline: EventPipeline { EventPipeline(processor: processor) }
+    }
+
+    final class ClockOffset: Sendable {
+        let seconds = Mutex(0.0)
+    }
+
+    static func token(_ issuer: String, _ subject: String, jti: String, key: SigningKey) -> IntakeMessage {
+        let claims = SETMinter.riscClaims(issuer: issuer, audience: audience, subject: subject, jti: jti)
+        return IntakeMessage(value: Array(try! SETMinter.token(claims: claims, key: key).utf8), source: "test:\(jti)", receivedAt: 1)
+    }
+
+    /// A door fed by hand: records are settled into `settled`, fed as batches while the
+    /// pipeline runs.
+    final class HandDoor: Sendable {
+        let settled = Settled()
+        let takenBack = Mutex<Set<Int>>([])
+        private let next = Mutex(0)
+        let stream: AsyncStream<[IntakeRecord]>
+        let continuation: AsyncStream<[IntakeRecord]>.Continuation
+
+        init() { (stream, continuation) = AsyncStream.makeStream(of: [IntakeRecord].self) }
+
+        func feed(_ messages: [IntakeMessage]) {
+            let records = messages.map { message in
+                let i = next.withLock { n -> Int in
+                    defer { n += 1 }
+                    return n
+                }
+                return IntakeRecord(message, acknowledgement: Settled.Door(settled: settled, index: i,
+                                                                           take: { [self] in !self.takenBack.withLock { $0.contains(i) } }))
+            }
+            continuation.yield(records)
+        }
+
+        func disposition(_ i: Int) -> Disposition? { settled.all.count > i ? settled.all[i] : nil }
+    }
+
+    // A token whose issuer's keys cannot be fetched waits aside with the later events of its
+    // subject; other subjects and issuers are recorded meanwhile; once the keys come, the
+    // waiting ones are recorded in their order.
+    @Test func aTokenWaitingForKeysHoldsOnlyItsSubject() async throws {
+        let world = World()
+        // B's keys: b1 fetched now; then the provider goes down, and the keys go stale.
+        world.fetcherB.document.withLock { $0 = SETMinter.jwks([Self.keyB1]) }
+        _ = await world.processor.verifier.verify(Array(Self.token(Self.issuerB, "x", jti: "warm-up", key: Self.keyB1).value))
+        world.fetcherB.failing.withLock { $0 = true }
+        world.clockOffset.seconds.withLock { $0 = 120 }
+
+        let door = HandDoor()
+        let running = Task { await world.pipeline.run(door.stream) }
+        door.feed([
+            Self.token(Self.issuerB, "x", jti: "x-1", key: Self.keyB2),  // b2: unknown, keys stale, provider down: waits
+            Self.token(Self.issuerA, "y", jti: "y-1", key: Self.keyA),   // another issuer: flows
+            Self.token(Self.issuerB, "x", jti: "x-2", key: Self.keyB1),  // verifies with stale b1, but behind x-1
+            Self.token(Self.issuerB, "z", jti: "z-1", key: Self.keyB1),  // same issuer, another subject: flows
+        ])
+        #expect(await eventually { door.disposition(1) != nil && door.disposition(3) != nil })
+        #expect(door.disposition(0) == nil)
+        #expect(door.disposition(2) == nil)
+        #expect(world.ledger.event("x-1") == nil && world.ledger.event("x-2") == nil)
+        #expect(world.executor.calls(for: "x") == 0)
+
+        // The provider is back, with b2.
+        world.fetcherB.document.withLock { $0 = SETMinter.jwks([Self.keyB1, Self.keyB2]) }
+        world.fetcherB.failing.withLock { $0 = false }
+        #expect(await eventually { door.disposition(0) != nil && door.disposition(2) != nil })
+        door.continuation.finish()
+        await running.value
+        let first = try #require(world.ledger.event("x-1")), second = try #require(world.ledger.event("x-2"))
+        #expect(first.id < second.id)
+        #expect(first.outcome == .processed && second.outcome == .processed)
+        if case .recorded = door.disposition(0) {} else { Issue.record("x-1: \(String(describing: door.disposition(0)))") }
+        #expect(world.deadLetters.sent.withLock { $0.isEmpty })
+    }
+
+    // Failures a retry can mend (the ledger, the dead-letter topic unavailable for a moment)
+    // are retried; every record ends recorded or rejected, none abandoned.
+    @Test func transientLedgerAndDeadLetterFailuresAreRetried() async {
+        let world = World()
+        world.ledger.state.withLock { $0.unavailableWrites = 3 }
+        world.deadLetters.unavailable.withLock { $0 = 2 }
+        let settled = await Settled.run(world.pipeline, [[
+            Self.token(Self.issuerA, "u1", jti: "t-1", key: Self.keyA),
+            IntakeMessage(value: Array("junk".utf8), source: "test:junk", receivedAt: 1),
+            Self.token(Self.issuerA, "u2", jti: "t-2", key: Self.keyA),
+        ]])
+        #expect(settled[1].code == "invalid_request")
+        for i in [0, 2] {
+            guard case .recorded(_, let outcome) = settled[i] else { Issue.record("record \(i): \(settled[i])"); continue }
+            #expect(outcome == .processed)
+        }
+        #expect(world.deadLetters.sent.withLock { $0.map(\.source) } == ["test:junk"])
+        #expect(world.ledger.rejections.count == 1)
+    }
+
+    // An event the ledger can never hold is rejected (dead-lettered, recorded as a rejection);
+    // the others of its batch are recorded.
+    @Test func anEventTheLedgerRefusesForGoodDoesNotStopTheOthers() async {
+        let world = World()
+        world.ledger.state.withLock { $0.refusedJTIs = ["bad"] }
+        let settled = await Settled.run(world.pipeline, [[
+            Self.token(Self.issuerA, "u1", jti: "ok-1", key: Self.keyA),
+            Self.token(Self.issuerA, "u2", jti: "bad", key: Self.keyA),
+            Self.token(Self.issuerA, "u3", jti: "ok-2", key: Self.keyA),
+        ]])
+        #expect(settled[1].code == "invalid_request")
+        #expect(world.ledger.event("ok-1")?.outcome == .processed && world.ledger.event("ok-2")?.outcome == .processed)
+        #expect(world.ledger.event("bad") == nil)
+        #expect(world.deadLetters.sent.withLock { $0.map(\.source) } == ["test:bad"])
+    }
+
+    // A step the target refuses for good fails the event (dead-lettered, recorded failed) and
+    // the other steps still run; a step the target asks to retry is run again until done.
+    @Test func permanentAndTransientStepFailures() async {
+        let world = World()
+        world.executor.script.withLock {
+            $0["flaky"] = [.retry("busy", after: nil), .done("purged")]
+            $0["broken"] = [.failed("WRONGTYPE")]
+        }
+        let settled = await Settled.run(world.pipeline, [[
+            Self.token(Self.issuerA, "flaky", jti: "f", key: Self.keyA),
+            Self.token(Self.issuerA, "broken", jti: "b", key: Self.keyA),
+        ]])
+        #expect(settled[0] == .recorded(eventID: world.ledger.event("f")!.id, outcome: .processed))
+        #expect(settled[1] == .recorded(eventID: world.ledger.event("b")!.id, outcome: .failed))
+        #expect(world.executor.calls(for: "flaky") == 3)  // the retried step twice, then the second step
+        #expect(world.executor.calls(for: "broken") == 2)  // the failed step once, and the second step still runs
+        #expect(world.ledger.event("b")?.steps.map(\.status) == [.failed, .done])
+        #expect(world.deadLetters.sent.withLock { $0.map(\.code) } == ["step-failed"])
+    }
+
+    // A redelivered event runs only the steps still pending in its outbox, and is a duplicate.
+    @Test func aRedeliveryRunsOnlyPendingSteps() async throws {
+        let world = World()
+        // The first step is done; the second waits on a retry when the process stops: the
+        // message is abandoned with its second step pending.
+        world.executor.script.withLock { $0["r"] = [.done("first"), .retry("later", after: 30)] }
+        let door = HandDoor()
+        let first = Task { await world.pipeline.run(door.stream) }
+        let message = Self.token(Self.issuerA, "r", jti: "again", key: Self.keyA)
+        door.feed([message])
+        #expect(await eventually { world.executor.calls(for: "r") == 2 })
+        world.stop.stop()
+        door.continuation.finish()
+        await first.value
+        #expect(door.disposition(0) == .abandoned)
+        #expect(world.ledger.event("again")?.steps.map(\.status) == [.done, .pending])
+
+        // Delivered again to a new process over the same ledger: only the second step runs.
+        let restarted = World(ledger: world.ledger)
+        let settled = await Settled.run(restarted.pipeline, [[message]])
+        #expect(settled == [.duplicate(eventID: world.ledger.event("again")!.id)])
+        #expect(restarted.executor.calls(for: "r") == 1)
+        #expect(world.ledger.event("again")?.steps.map(\.status) == [.done, .done])
+        #expect(world.ledger.event("again")?.outcome == .processed)
+    }
+
+    // Stopping while a subject's event waits on a retry abandons it and the subject's later
+    // events, which must not act before it; events already durable stay settled.
+    @Test func stoppingAbandonsWhatIsNotDurableAndKeepsASubjectsOrder() async {
+        let world = World()
+        world.executor.script.withLock { $0["slow"] = Array(repeating: .retry("down", after: 30), count: 5) }
+        let door = HandDoor()
+        let running = Task { await world.pipeline.run(door.stream) }
+        door.feed([
+            Self.token(Self.issuerA, "slow", jti: "s-1", key: Self.keyA),
+            Self.token(Self.issuerA, "fast", jti: "f-1", key: Self.keyA),
+            Self.token(Self.issuerA, "slow", jti: "s-2", key: Self.keyA),
+        ])
+        #expect(await eventually { door.disposition(1) != nil && world.executor.calls(for: "slow") == 1 })
+        world.stop.stop()
+        door.continuation.finish()
+        await running.value
+        #expect(door.disposition(0) == .abandoned)
+        #expect(door.disposition(2) == .abandoned)
+        if case .recorded = door.disposition(1) {} else { Issue.record("f-1: \(String(describing: door.disposition(1)))") }
+        #expect(world.executor.calls(for: "slow") == 1)  // s-2 never acted before s-1
+        #expect(world.ledger.event("s-2")?.steps.allSatisfy { $0.status == .pending } == true)
+    }
+
+    // A message its door takes back (its partition revoked) while a step is under way: the
+    // step's outcome is recorded, no further step starts, the lease is given up, and the
+    // message is abandoned for its next owner.
+    @Test func aMessageTakenBackMidStepStartsNoFurtherStep() async throws {
+        let world = World()
+        world.executor.hold("moved")
+        let door = HandDoor()
+        let running = Task { await world.pipeline.run(door.stream) }
+        door.feed([Self.token(Self.issuerA, "moved", jti: "m", key: Self.keyA)])
+        #expect(await eventually { world.executor.waiting("moved") == 1 })
+        door.takenBack.withLock { _ = $0.insert(0) }
+        world.executor.release("moved")
+        #expect(await eventually { door.disposition(0) != nil })
+        door.continuation.finish()
+        await running.value
+        #expect(door.disposition(0) == .abandoned)
+        #expect(world.executor.calls(for: "moved") == 1)
+        let event = try #require(world.ledger.event("m"))
+        #expect(event.steps.map(\.status) == [.done, .pending])
+        #expect(event.leaseUntil <= Date().timeIntervalSince1970)
+    }
+}
+

@@ -1,0 +1,207 @@
+import Foundation
+import Invalidation
+import Ledger
+@testable import Pipeline
+import SecurityEvents
+import Synchronization
+import TokenVerification
+
+/// An in-memory ledger with the rules the SQL back ends keep: one claim per (issuer, jti), a
+/// batch written atomically, a step recorded only while pending, one lease holder at a time.
+/// Failures are injected: `unavailableWrites` transient failures, and events whose jti is in
+/// `refusedJTIs` refused for good.
+final class MemoryLedger: Ledger {
+    struct Event {
+        var id: Int64
+        var issuer: String
+        var jti: String
+        var outcome: EventOutcome
+        var steps: [OutboxStep]
+        var leaseOwner: String? = nil
+        var leaseUntil: Double = 0
+    }
+
+    struct State {
+        var events: [Event] = []
+        var rejections: [Rejection] = []
+        var unavailableWrites = 0
+        var refusedJTIs: Set<String> = []
+        var writes = 0
+    }
+
+    let state = Mutex(State())
+
+    func event(_ jti: String) -> Event? { state.withLock { $0.events.first { $0.jti == jti } } }
+    var rejections: [Rejection] { state.withLock { $0.rejections } }
+
+    private func write<T>(_ body: (inout State) throws(LedgerError) -> T) throws(LedgerError) -> T {
+        try state.withLock { (s: inout State) throws(LedgerError) -> T in
+            s.writes += 1
+            if s.unavailableWrites > 0 {
+                s.unavailableWrites -= 1
+                throw LedgerError(.unavailable, "the test ledger is unavailable")
+            }
+            var copy = s
+            let result = try body(&copy)
+            s = copy  // atomic: nothing of a failed write remains
+            return result
+        }
+    }
+
+    private static func claim(_ event: LedgerEvent, _ outcome: EventOutcome, _ steps: [OutboxStep], in s: inout State)
+        throws(LedgerError) -> Claim
+    {
+        if s.refusedJTIs.contains(event.jti) { throw LedgerError(.refused, "the test ledger refuses \(event.jti)") }
+        if let existing = s.events.first(where: { $0.issuer == event.issuer && $0.jti == event.jti }) {
+            return .duplicate(eventID: existing.id)
+        }
+        let id = Int64(s.events.count + 1)
+        s.events.append(Event(id: id, issuer: event.issuer, jti: event.jti, outcome: outcome, steps: steps))
+        return .new(eventID: id)
+    }
+
+    func claim(_ event: LedgerEvent, outcome: EventOutcome, steps: [OutboxStep]) async throws(LedgerError) -> Claim {
+        try write { (s: inout State) throws(LedgerError) in try Self.claim(event, outcome, steps, in: &s) }
+    }
+
+    func record(_ entries: [LedgerEntry]) async throws(LedgerError) -> [Claim?] {
+        try write { (s: inout State) throws(LedgerError) -> [Claim?] in
+            var claims: [Claim?] = []
+            for entry in entries {
+                switch entry {
+                case .event(let event, let outcome, let steps): claims.append(try Self.claim(event, outcome, steps, in: &s))
+                case .rejection(let rejection):
+                    s.rejections.append(rejection)
+                    claims.append(nil)
+                }
+            }
+            return claims
+        }
+    }
+
+    func record(outcome: EventOutcome, forEvent eventID: Int64) async throws(LedgerError) {
+        try write { (s: inout State) throws(LedgerError) in
+            guard let i = s.events.firstIndex(where: { $0.id == eventID }) else { throw LedgerError(.conflict, "no event \(eventID)") }
+            s.events[i].outcome = outcome
+        }
+    }
+
+    func recordStep(_ index: Int, of eventID: Int64, status: StepStatus, detail: String, finishing: EventOutcome?)
+        async throws(LedgerError)
+    {
+        try write { (s: inout State) throws(LedgerError) in
+            guard let i = s.events.firstIndex(where: { $0.id == eventID }),
+                  let j = s.events[i].steps.firstIndex(where: { $0.index == index })
+            else { throw LedgerError(.conflict, "event \(eventID) has no step \(index)") }
+            guard s.events[i].steps[j].status == .pending else {
+                throw LedgerError(.conflict, "step \(index) of event \(eventID) is already recorded \(s.events[i].steps[j].status)")
+            }
+            s.events[i].steps[j].status = status
+            s.events[i].steps[j].detail = detail
+            if let finishing { s.events[i].outcome = finishing }
+        }
+    }
+
+    func lease(event eventID: Int64, owner: String, seconds: Double) async throws(LedgerError) -> Bool {
+        try write { (s: inout State) throws(LedgerError) -> Bool in
+            guard let i = s.events.firstIndex(where: { $0.id == eventID }) else { throw LedgerError(.conflict, "no event \(eventID)") }
+            let now = Date().timeIntervalSince1970
+            guard s.events[i].leaseOwner == nil || s.events[i].leaseOwner == owner || s.events[i].leaseUntil < now else { return false }
+            s.events[i].leaseOwner = owner
+            s.events[i].leaseUntil = now + seconds
+            return true
+        }
+    }
+
+    func steps(ofEvent eventID: Int64) async throws(LedgerError) -> [OutboxStep] {
+        state.withLock { s in s.events.first { $0.id == eventID }?.steps ?? [] }
+    }
+
+    func recordRejection(_ rejection: Rejection) async throws(LedgerError) {
+        try write { (s: inout State) throws(LedgerError) in s.rejections.append(rejection) }
+    }
+
+    // Read through `state` in these tests; the stored-row types belong to the SQL back ends.
+    func events() async throws(LedgerError) -> [StoredEvent] { [] }
+    func deliveries() async throws(LedgerError) -> [StoredDelivery] { [] }
+    func isReachable() async -> Bool { true }
+    func close() async {}
+}
+
+/// Dead letters kept in memory; the first `unavailable` attempts fail with a retryable error.
+final class MemoryDeadLetters: DeadLetterSink {
+    let sent = Mutex<[(code: String, source: String)]>([])
+    let unavailable = Mutex(0)
+
+    func deadLetter(value: [UInt8], code: String, description: String, source: String) async throws(DeadLetterError) {
+        let fail = unavailable.withLock { n -> Bool in
+            defer { n = max(0, n - 1) }
+            return n > 0
+        }
+        if fail { throw DeadLetterError("the test topic is unavailable", isRetryable: true) }
+        sent.withLock { $0.append((code, source)) }
+    }
+}
+
+/// Runs steps by script: each call for a user takes the next outcome scripted for that user
+/// (done when none is left), and every call is counted. A user put on hold has its calls wait
+/// until `release` is called for it.
+final class ScriptedExecutor: StepExecutor {
+    let script = Mutex<[String: [StepOutcome]]>([:])
+    let calls = Mutex<[String]>([])
+    private let holds = Mutex<(users: Set<String>, waiting: [String: [CheckedContinuation<Void, Never>]])>(([], [:]))
+
+    func hold(_ user: String) { holds.withLock { _ = $0.users.insert(user) } }
+
+    func release(_ user: String) {
+        let waiters = holds.withLock { h -> [CheckedContinuation<Void, Never>] in
+            h.users.remove(user)
+            return h.waiting.removeValue(forKey: user) ?? []
+        }
+        for waiter in waiters { waiter.resume() }
+    }
+
+    /// Calls now waiting for `release`.
+    func waiting(_ user: String) -> Int { holds.withLock { $0.waiting[user]?.count ?? 0 } }
+
+    func calls(for user: String) -> Int { calls.withLock { $0.filter { $0 == user }.count } }
+
+    func execute(_ action: StepAction, context: StepContext) async -> StepOutcome {
+        let user = context.user ?? "?"
+        calls.withLock { $0.append(user) }
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let wait = holds.withLock { h -> Bool in
+                guard h.users.contains(user) else { return false }
+                h.waiting[user, default: []].append(continuation)
+                return true
+            }
+            if !wait { continuation.resume() }
+        }
+        return script.withLock { s -> StepOutcome in
+            guard var list = s[user], !list.isEmpty else { return .done("ok") }
+            defer { s[user] = list }
+            return list.removeFirst()
+        }
+    }
+}
+
+/// Serves a JWKS document, or fails while `failing` is set.
+final class SwitchableKeyFetcher: KeyDocumentFetching {
+    let document = Mutex<String>("")
+    let failing = Mutex(false)
+
+    func fetch(_ url: URL, timeout: Double, maximumBytes: Int) async throws -> FetchedDocument {
+        if failing.withLock({ $0 }) { throw KeyFetchError("the test provider is down") }
+        return FetchedDocument(body: Array(document.withLock { $0 }.utf8), maxAge: 60)
+    }
+}
+
+/// Waits until `condition` holds (checking every few milliseconds); false if it did not within
+/// `attempts` checks. Used to observe a state, never to measure time.
+func eventually(attempts: Int = 2000, _ condition: () -> Bool) async -> Bool {
+    for _ in 0..<attempts {
+        if condition() { return true }
+        try? await Task.sleep(for: .milliseconds(5))
+    }
+    return condition()
+}
