@@ -143,6 +143,48 @@ if let redis {
 // BENCH_KAFKA_PROPERTIES='name: "value", …' adds librdkafka properties to the worker's.
 let kafkaProperties = ProcessInfo.processInfo.environment["BENCH_KAFKA_PROPERTIES"].map { ", " + $0 } ?? ""
 
+/// A free loopback port for the worker's metrics, read at the end of a run.
+let metricsPort: Int = {
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    defer { close(fd) }
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_addr.s_addr = inet_addr("127.0.0.1")
+    var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+    _ = withUnsafeMutablePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) } }
+    _ = withUnsafeMutablePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) } }
+    return Int(UInt16(bigEndian: address.sin_port))
+}()
+
+/// The worker's metrics text (curl, an independent client).
+func scrapeMetrics() -> String {
+    let curl = Process()
+    curl.executableURL = URL(fileURLWithPath: "/usr/bin/curl")
+    curl.arguments = ["-s", "--max-time", "5", "http://127.0.0.1:\(metricsPort)/metrics"]
+    let pipe = Pipe()
+    curl.standardOutput = pipe
+    guard (try? curl.run()) != nil else { return "" }
+    let data = pipe.fileHandleForReading.readDataToEndOfFile()
+    curl.waitUntilExit()
+    return String(decoding: data, as: UTF8.self)
+}
+
+/// The smallest bucket bound of a Prometheus histogram holding the quantile `q` of its
+/// observations, and the count; nil without observations.
+func histogramQuantile(_ text: String, _ name: String, _ q: Double) -> (bound: String, count: Int)? {
+    var buckets: [(bound: Double, label: String, count: Double)] = []
+    for line in text.split(separator: "\n") where line.hasPrefix(name + "_bucket{") {
+        guard let le = line.range(of: "le=\""), let end = line[le.upperBound...].firstIndex(of: "\""),
+              let count = Double(line.split(separator: " ").last ?? "") else { continue }
+        let label = String(line[le.upperBound..<end])
+        buckets.append((label == "+Inf" ? .infinity : Double(label) ?? .infinity, label, count))
+    }
+    buckets.sort { $0.bound < $1.bound }
+    guard let total = buckets.last?.count, total > 0 else { return nil }
+    let bucket = buckets.first { $0.count >= q * total }!
+    return (bucket.label, Int(total))
+}
+
 /// A worker configuration of its own (consumer group, ledger) for each run.
 func writeConfig(run: Int) throws -> (config: URL, ledger: String) {
     let config = directory.appendingPathComponent("warden-\(run).yaml")
@@ -156,7 +198,7 @@ func writeConfig(run: Int) throws -> (config: URL, ledger: String) {
       topic: security-events
       group: bench-\(run)
       properties: {session.timeout.ms: "6000"\(kafkaProperties)}
-    http: {listen: "127.0.0.1:0"}
+    http: {listen: "127.0.0.1:\(metricsPort)"}
     ledger: sqlite:ledger-\(run).sqlite
     \(redisTarget)
     """.write(to: config, atomically: true, encoding: .utf8)
@@ -232,6 +274,8 @@ struct WorkerRun {
     /// Share of the machine idle between the first recorded event and the last.
     var idle: Double?
     var pid: Int32
+    /// The worker's metrics at the end of the run.
+    var metrics: String
 }
 
 /// Runs `warden run` at `path` on the whole topic with a group and ledger of its own, and times
@@ -277,6 +321,7 @@ nonisolated func runWorker(_ path: String, run: Int) async throws -> WorkerRun {
     let idleAtLast = machineIdle()
     let workerCPU = cpuSeconds("\(worker.processIdentifier)")
     let clusterCPU = cpuSeconds("self").map { $0 - clusterCPUBefore }
+    let metrics = scrapeMetrics()
     worker.terminate()
     worker.waitUntilExit()
     for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: ledgerPath + suffix) }
@@ -285,7 +330,7 @@ nonisolated func runWorker(_ path: String, run: Int) async throws -> WorkerRun {
     if let a = idleAtFirst, let b = idleAtLast, b.total > a.total { idle = (b.idle - a.idle) / (b.total - a.total) }
     return WorkerRun(rate: Double(last.1 - n0) / last.0.timeIntervalSince(t0), cpuPerEvent: workerCPU.map { $0 / Double(count) },
                      clusterCPUPerEvent: clusterCPU.map { $0 / Double(count) }, idle: idle,
-                     pid: worker.processIdentifier)
+                     pid: worker.processIdentifier, metrics: metrics)
 }
 
 func median(_ values: [Double]) -> Double {
@@ -326,6 +371,11 @@ let rate = result.rate
 if let redis {
     print("warden run end to end (Kafka → verify → SQLite ledger with outbox → Redis purge-set → step recorded → commit), \(count) SETs, \(partitions) partitions: \(Int(rate)) SETs/s")
     print("redis-server keys left after the run: \(try await redis.cli(["DBSIZE"])) (0 = every session purged)")
+    if let p99 = histogramQuantile(result.metrics, "warden_step_record_seconds", 0.99) {
+        print("step answered → outcome durable in the ledger, p99 over \(p99.count) steps: ≤ \(p99.bound) s (warden_step_record_seconds)")
+    } else {
+        print("step answered → outcome durable: no observations (was the metrics port reachable?)")
+    }
 } else {
     print("warden run end to end (Kafka → verify → SQLite ledger → commit), \(count) SETs, \(partitions) partitions: \(Int(rate)) SETs/s")
 }

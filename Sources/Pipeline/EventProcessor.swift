@@ -511,6 +511,7 @@ public struct EventProcessor: Sendable {
                         breakers.record(target, reachable: true)
                     }
                     metrics.step(kind: step.kind, result: outcome.result)
+                    let answeredAt = ContinuousClock.now
                     switch outcome {
                     case .done(let detail):
                         logger.info("step done", metadata: about.merging(["warden.detail": "\(detail)"]) { $1 })
@@ -518,6 +519,7 @@ public struct EventProcessor: Sendable {
                         guard await retrying("ledger", { try await ledger.recordStep(step.index, of: work.eventID, status: .done,
                                                                                      detail: detail, finishing: finishing) })
                             != nil else { return .stopped }
+                        metrics.stepRecordSeconds.recordElapsed(since: answeredAt)
                         return .recorded
                     case .failed(let reason):
                         failed = true
@@ -536,6 +538,7 @@ public struct EventProcessor: Sendable {
                         guard await retrying("ledger", { try await ledger.recordStep(step.index, of: work.eventID, status: .failed,
                                                                                      detail: reason, finishing: isLast ? .failed : nil) })
                             != nil else { return .stopped }
+                        metrics.stepRecordSeconds.recordElapsed(since: answeredAt)
                         return .recorded
                     case .retry(let reason, let after):
                         metrics.retried("step")
@@ -624,8 +627,7 @@ public struct EventProcessor: Sendable {
         // Whitespace around a compact JWS (a trailing newline from a file or a shell) is not
         // part of it; a dead letter keeps the value as received, the ledger the token verified.
         let result = await verifier.verify(trimmedASCIIWhitespace(message.value))
-        let elapsed = (ContinuousClock.now - started).components
-        metrics.verifySeconds.recordNanoseconds(elapsed.seconds * 1_000_000_000 + elapsed.attoseconds / 1_000_000_000)
+        metrics.verifySeconds.recordElapsed(since: started)
         return result.map(Verified.init)
     }
 

@@ -8,6 +8,8 @@ public final class WardenMetrics: Sendable {
     private let counters = MetricCache<Counter>()
     private let gauges = MetricCache<Gauge>()
     let verifySeconds: Timer
+    /// From a target's answer to a step until its outcome is durable in the ledger.
+    let stepRecordSeconds: Timer
     // The per-event ones, made once.
     private let receivedFromKafka: Counter
     private let outcomes: [String: Counter]
@@ -16,12 +18,17 @@ public final class WardenMetrics: Sendable {
     public init(factory: any MetricsFactory) {
         self.factory = factory
         self.verifySeconds = Timer(label: "warden_verify_seconds", dimensions: [], factory: factory)
+        self.stepRecordSeconds = Timer(label: "warden_step_record_seconds", dimensions: [], factory: factory)
         self.receivedFromKafka = Counter(label: "warden_events_received_total", dimensions: [("source", "kafka")], factory: factory)
         self.outcomes = Dictionary(uniqueKeysWithValues: ["pending", "processed", "duplicate", "invalid", "failed"].map {
             ($0, Counter(label: "warden_events_total", dimensions: [("outcome", $0)], factory: factory))
         })
         self.deadLetters = Counter(label: "warden_dead_letters_total", dimensions: [], factory: factory)
     }
+
+    /// Buckets for `warden_step_record_seconds`, around the promise that an outcome is
+    /// durable within 20 ms of the target's answer.
+    public static let stepRecordBuckets: [Duration] = [1, 2, 5, 10, 20, 50, 100, 250, 1000].map { .milliseconds($0) }
 
     func counter(_ name: String, _ dimensions: [(String, String)] = []) -> Counter {
         counters.get(name, dimensions) { Counter(label: name, dimensions: dimensions, factory: factory) }
@@ -55,5 +62,13 @@ final class MetricCache<Metric: Sendable>: Sendable {
             cache[key] = metric
             return metric
         }
+    }
+}
+
+extension Timer {
+    /// Records the time elapsed since `start`.
+    func recordElapsed(since start: ContinuousClock.Instant) {
+        let elapsed = (ContinuousClock.now - start).components
+        recordNanoseconds(elapsed.seconds * 1_000_000_000 + elapsed.attoseconds / 1_000_000_000)
     }
 }

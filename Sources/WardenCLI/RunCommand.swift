@@ -102,7 +102,9 @@ struct Worker {
         let kafka = configuration.kafka!
         let verifier = configuration.makeVerifier(client: client, logger: logger)
         let registry = PrometheusCollectorRegistry()
-        let metrics = WardenMetrics(factory: PrometheusMetricsFactory(registry: registry))
+        var factory = PrometheusMetricsFactory(registry: registry)
+        factory.durationHistogramBuckets["warden_step_record_seconds"] = WardenMetrics.stepRecordBuckets
+        let metrics = WardenMetrics(factory: factory)
 
         var properties = KafkaProperties(kafka.properties)
         if kafka.isEmbedded, properties["session.timeout.ms"] == nil { properties["session.timeout.ms"] = "6000" }
