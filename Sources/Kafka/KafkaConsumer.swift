@@ -56,12 +56,21 @@ final class ConsumerState: Sendable {
         var closing = false
         var paused = false
         var joined = false
+        /// The poll thread waits on `room` for a message to finish.
+        var waitingForRoom = false
     }
 
     let tracker = Mutex(OffsetTracker())
     let control = Mutex(Control())
     let maximumInFlight: Int
     let revocationGrace: Double
+    /// Signalled when a message finishes while the poll thread waits for room.
+    let room = DispatchSemaphore(value: 0)
+
+    /// Wakes the poll thread if it waits for room.
+    func madeRoom() {
+        if control.withLock({ c in defer { c.waitingForRoom = false }; return c.waitingForRoom }) { room.signal() }
+    }
 
     init(maximumInFlight: Int, revocationGrace: Double) {
         self.maximumInFlight = maximumInFlight
@@ -132,6 +141,7 @@ public final class KafkaConsumer: Sendable {
                                  assignment: message.assignment)
             }
         }
+        state.madeRoom()
     }
 
     /// The message's outcome is durable: its offset may be committed once every earlier
@@ -140,6 +150,7 @@ public final class KafkaConsumer: Sendable {
         state.tracker.withLock {
             $0.finished(TopicPartition(message.topic, message.partition), offset: message.offset, assignment: message.assignment)
         }
+        state.madeRoom()
     }
 
     /// Stops handing out messages (the stream ends) while staying in the group, so in-flight
@@ -196,7 +207,9 @@ public final class KafkaConsumer: Sendable {
                     setPaused(true)
                 }
                 if !control.paused {
-                    usleep(1000)
+                    // Wait for room (a finished message wakes this), committing meanwhile.
+                    state.control.withLock { $0.waitingForRoom = true }
+                    _ = state.room.wait(timeout: .now() + .milliseconds(100))
                     commitIfDue(&lastCommit)
                     continue
                 }
@@ -206,23 +219,21 @@ public final class KafkaConsumer: Sendable {
             }
 
             // One blocking poll, then whatever else is ready, handed out as one batch.
-            var batch: [KafkaMessage] = []
+            var owned: [KafkaMessage] = []
             var timeout: Int32 = 100
-            while batch.count < Self.maximumBatch, let message = rd_kafka_consumer_poll(rk, timeout) {
-                if let m = convert(message, deliver: streamOpen) { batch.append(m) }
+            while owned.count < Self.maximumBatch, let message = rd_kafka_consumer_poll(rk, timeout) {
+                // Each message is tagged with its partition's assignment right after the poll
+                // that returned it: a rebalance callback runs inside a poll, so a later poll of
+                // this round may revoke (and reassign) the partition, and then this message
+                // belongs to the earlier assignment. A message of a partition no longer
+                // assigned is not handed out.
+                if var m = convert(message, deliver: streamOpen),
+                   let assignment = state.tracker.withLock({ $0.handedOut(TopicPartition(m.topic, m.partition), offset: m.offset) }) {
+                    m.assignment = assignment
+                    owned.append(m)
+                }
                 rd_kafka_message_destroy(message)
                 timeout = 0
-            }
-            // A rebalance callback may have run inside one of those polls: only messages of
-            // partitions still assigned are handed out.
-            let owned = state.tracker.withLock { tracker in
-                batch.compactMap { message -> KafkaMessage? in
-                    guard let assignment = tracker.handedOut(TopicPartition(message.topic, message.partition),
-                                                             offset: message.offset) else { return nil }
-                    var message = message
-                    message.assignment = assignment
-                    return message
-                }
             }
             if !owned.isEmpty { continuation.yield(owned) }
             commitIfDue(&lastCommit)
@@ -366,7 +377,7 @@ private let rebalanceCallback: @convention(c) (OpaquePointer?, rd_kafka_resp_err
         let assignments = state.tracker.withLock { tracker in
             changed.compactMap { tracker.partitions[$0]?.assignment }
         }
-        let unfinished = assignments.reduce(0) { $0 + $1.revoke(waitingUpTo: state.revocationGrace) }
+        let unfinished = PartitionAssignment.revoke(assignments, waitingUpTo: state.revocationGrace)
         if unfinished > 0 {
             context.logger.warning("work of revoked partitions still under way after the grace period", metadata: [
                 "kafka.work": "\(unfinished)", "kafka.grace_seconds": "\(state.revocationGrace)",

@@ -47,18 +47,35 @@ public final class PartitionAssignment: Sendable {
         drained?.signal()
     }
 
-    /// Marks the assignment revoked and waits up to `seconds` for the work under way to end.
-    /// Returns how many pieces of work were still under way when it stopped waiting. Blocks:
-    /// called on the poll thread, inside librdkafka's rebalance callback.
-    func revoke(waitingUpTo seconds: Double) -> Int {
-        let semaphore = DispatchSemaphore(value: 0)
-        let working = state.withLock { s -> Int in
+    /// Marks the assignment revoked; the semaphore signalled when its work under way has
+    /// ended, or nil when none is under way.
+    private func markRevoked() -> DispatchSemaphore? {
+        state.withLock { s in
             s.revoked = true
-            if s.working > 0 { s.drained = semaphore }
-            return s.working
+            guard s.working > 0 else { return nil }
+            let drained = s.drained ?? DispatchSemaphore(value: 0)
+            s.drained = drained
+            return drained
         }
-        guard working > 0 else { return 0 }
-        if semaphore.wait(timeout: .now() + seconds) == .success { return 0 }
-        return state.withLock { $0.working }
+    }
+
+    /// Marks the assignment revoked and waits up to `seconds` for the work under way to end.
+    /// Returns how many pieces of work were still under way when it stopped waiting.
+    func revoke(waitingUpTo seconds: Double) -> Int {
+        Self.revoke([self], waitingUpTo: seconds)
+    }
+
+    /// Marks every assignment revoked first (no new work starts on any of them), then waits
+    /// for the work under way on all of them, up to one shared deadline. Returns how many
+    /// pieces of work were still under way then. Blocks: called on the poll thread, inside
+    /// librdkafka's rebalance callback.
+    static func revoke(_ assignments: [PartitionAssignment], waitingUpTo seconds: Double) -> Int {
+        let draining = assignments.compactMap { assignment in assignment.markRevoked().map { (assignment, $0) } }
+        let deadline = DispatchTime.now() + seconds
+        var unfinished = 0
+        for (assignment, drained) in draining where drained.wait(timeout: deadline) == .timedOut {
+            unfinished += assignment.state.withLock { $0.working }
+        }
+        return unfinished
     }
 }

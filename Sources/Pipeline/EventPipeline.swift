@@ -17,6 +17,8 @@ public struct EventPipeline: Sendable {
     public var maximumWaitingForKeys = 10_000
     /// Verified records that may wait for the ledger at once; verification pauses beyond it.
     public var maximumUnwritten = 16_384
+    /// Most records one ledger write holds.
+    public var maximumWrite = 1024
 
     public init(processor: EventProcessor) {
         self.processor = processor
@@ -28,7 +30,7 @@ public struct EventPipeline: Sendable {
     /// Runs every record of `input` through the stages; returns once each is settled. On stop
     /// (`processor.stop`), what is not durable yet is settled `.abandoned`.
     public func run(_ input: some AsyncSequence<[IntakeRecord], Never> & Sendable) async {
-        let processor = self.processor
+        let processor = self.processor, maximumWrite = max(1, self.maximumWrite)
         let writeQueue = BatchQueue<EventProcessor.Admitted>(limit: maximumUnwritten)
         let checkedQueue = BatchQueue<EventProcessor.Checked>(limit: 1)
         let waiting = WaitingRoom(limit: maximumWaitingForKeys)
@@ -58,9 +60,14 @@ public struct EventPipeline: Sendable {
             // verification and admission go on, so the next write is larger rather than later.
             // Events with steps go to the step runner; the writer goes on meanwhile.
             group.addTask {
-                await withTaskGroup(of: Void.self) { steps in
+                // Discarding: a long-running worker does not keep a result per finished event.
+                await withDiscardingTaskGroup { steps in
                     while let ready = await writeQueue.takeAll() {
-                        for work in await processor.record(Array(ready.joined())) {
+                      // Written in transactions of at most `maximumWrite` records: a step's
+                      // outcome, written between them, never waits behind a very large one.
+                      let records = Array(ready.joined())
+                      for start in stride(from: 0, to: records.count, by: maximumWrite) {
+                        for work in await processor.record(Array(records[start..<min(start + maximumWrite, records.count)])) {
                             let subjectKey = work.subjectKey
                             let turn = lanes.enter(subjectKey)
                             steps.addTask {
@@ -74,8 +81,8 @@ public struct EventPipeline: Sendable {
                                 lanes.leave(subjectKey, turn.mine)
                             }
                         }
+                      }
                     }
-                    await steps.waitForAll()
                 }
             }
         }
@@ -113,12 +120,16 @@ public struct EventPipeline: Sendable {
                 // The waiting room is full: admission waits for it to drain.
                 await pass(ready)
                 ready = []
-                await pass(waiting.takeReleased())
-                let paused = stopped ? false : await processor.stop.pause(0.2)
-                if !paused {
+                let released = waiting.takeReleased()
+                if !released.isEmpty {
+                    await pass(released)
+                    continue
+                }
+                if stopped || processor.stop.isStopping || waiting.isClosed || Task.isCancelled {
                     checked.record.acknowledgement.settle(.abandoned)
                     return
                 }
+                await waiting.released()
             }
         }
         while let batches = await checkedQueue.takeAll() {
@@ -134,7 +145,7 @@ public struct EventPipeline: Sendable {
         }
         // The input ended: what still waits for keys keeps waiting until it has a verdict or
         // the process stops.
-        while waiting.count > 0, !processor.stop.isStopping {
+        while waiting.count > 0, !processor.stop.isStopping, !waiting.isClosed, !Task.isCancelled {
             await waiting.released()
             await pass(waiting.takeReleased())
             metrics.gauge("warden_waiting_for_keys", []).record(waiting.count)
@@ -160,6 +171,8 @@ final class WaitingRoom: Sendable {
         var nextID = 0
         var closed = false
         var releasedWaiters: [CheckedContinuation<Void, Never>] = []
+        /// The retry loop, waiting for a record to be put aside.
+        var emptyWaiter: CheckedContinuation<Void, Never>? = nil
     }
 
     private let state = Mutex(State())
@@ -169,17 +182,35 @@ final class WaitingRoom: Sendable {
 
     var count: Int { state.withLock { $0.count } }
 
+    /// Closed: its retry loop has ended (the process is stopping, or the pipeline is done).
+    var isClosed: Bool { state.withLock { $0.closed } }
+
     func holds(_ lane: String) -> Bool { state.withLock { $0.lanes[lane] != nil } }
 
     /// Queues a record in its lane; false when the room is full.
     func put(_ checked: EventProcessor.Checked, lane: String) -> Bool {
-        state.withLock { s in
-            guard s.count < limit else { return false }
+        let (put, waiter) = state.withLock { s -> (Bool, CheckedContinuation<Void, Never>?) in
+            guard s.count < limit else { return (false, nil) }
             if s.lanes[lane] == nil { s.order.append(lane) }
             s.lanes[lane, default: []].append(Entry(id: s.nextID, checked: checked))
             s.nextID += 1
             s.count += 1
-            return true
+            defer { s.emptyWaiter = nil }
+            return (true, s.emptyWaiter)
+        }
+        waiter?.resume()
+        return put
+    }
+
+    /// Returns once some record waits here, or the room closes (one caller: the retry loop).
+    private func occupied() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let now = state.withLock { s -> Bool in
+                if s.closed || s.count > 0 { return true }
+                s.emptyWaiter = continuation
+                return false
+            }
+            if now { continuation.resume() }
         }
     }
 
@@ -217,7 +248,10 @@ final class WaitingRoom: Sendable {
     func released() async {
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
             let resumeNow = state.withLock { s -> Bool in
-                if s.closed || s.count == 0 { return true }
+                // Also when a retry round released records before anyone waited: no wake-up is lost.
+                if s.closed || s.count == 0 || s.order.contains(where: { s.lanes[$0]?.first?.checked.waitingLane == nil }) {
+                    return true
+                }
                 s.releasedWaiters.append(continuation)
                 return false
             }
@@ -226,7 +260,12 @@ final class WaitingRoom: Sendable {
     }
 
     func close() {
-        state.withLock { $0.closed = true }
+        let waiter = state.withLock { s -> CheckedContinuation<Void, Never>? in
+            s.closed = true
+            defer { s.emptyWaiter = nil }
+            return s.emptyWaiter
+        }
+        waiter?.resume()
         wakeWaiters()
     }
 
@@ -251,7 +290,7 @@ final class WaitingRoom: Sendable {
             if closed { return }
             if empty {
                 attempt = 0
-                guard await processor.stop.pause(0.2) else { return }
+                await occupied()
                 continue
             }
             guard await processor.stop.pause(processor.backoff(attempt)) else { return }

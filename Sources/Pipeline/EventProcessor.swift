@@ -44,23 +44,64 @@ public struct InvalidationEngine: Sendable {
     }
 }
 
-/// Tells long waits (retries) that the process is stopping.
+/// Tells long waits (retries, backoffs) that the process is stopping: a wait ends when the
+/// signal is given or its task is cancelled, not by looking at a flag now and then.
 public final class StopSignal: Sendable {
-    private let flag = Mutex(false)
-    public init() {}
-    public func stop() { flag.withLock { $0 = true } }
-    public var isStopping: Bool { flag.withLock { $0 } }
+    private struct State {
+        var stopping = false
+        var waiters: [Int: CheckedContinuation<Void, Never>] = [:]
+        var next = 0
+    }
 
-    /// Sleeps up to `seconds`, waking early when stopping. Returns false when stopping.
-    func pause(_ seconds: Double) async -> Bool {
-        var left = seconds
-        while left > 0 {
-            if isStopping || Task.isCancelled { return false }
-            let step = min(left, 0.1)
-            try? await Task.sleep(for: .seconds(step))
-            left -= step
+    private let state = Mutex(State())
+    public init() {}
+
+    public func stop() {
+        let waiters = state.withLock { s -> [CheckedContinuation<Void, Never>] in
+            s.stopping = true
+            defer { s.waiters = [:] }
+            return Array(s.waiters.values)
         }
-        return !isStopping
+        for waiter in waiters { waiter.resume() }
+    }
+
+    public var isStopping: Bool { state.withLock { $0.stopping } }
+
+    /// Returns once `stop()` is called, or at once when the task is cancelled.
+    func stopped() async {
+        let id = state.withLock { s -> Int in
+            defer { s.next += 1 }
+            return s.next
+        }
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                let now = state.withLock { s -> Bool in
+                    if s.stopping || Task.isCancelled { return true }
+                    s.waiters[id] = continuation
+                    return false
+                }
+                if now { continuation.resume() }
+            }
+        } onCancel: {
+            state.withLock { $0.waiters.removeValue(forKey: id) }?.resume()
+        }
+    }
+
+    /// Sleeps up to `seconds`, ending early when stopping (or cancelled). Returns false when
+    /// stopping or cancelled.
+    func pause(_ seconds: Double) async -> Bool {
+        if isStopping || Task.isCancelled { return false }
+        let slept = await withTaskGroup(of: Bool.self) { group in
+            group.addTask { (try? await Task.sleep(for: .seconds(seconds))) != nil }
+            group.addTask {
+                await self.stopped()
+                return false
+            }
+            let first = await group.next() ?? false
+            group.cancelAll()
+            return first
+        }
+        return slept && !isStopping && !Task.isCancelled
     }
 }
 
@@ -473,6 +514,19 @@ public struct EventProcessor: Sendable {
                     guard await stop.pause(breakers.retryDelay(target)) else { return nil }
                     continue
                 }
+                // The lease first, outside the action: waiting for another owner's lease must
+                // not hold up a revocation.
+                let lease = await holdLease()
+                guard lease.held else { return nil }
+                if lease.waited {
+                    // The lease's last holder may have recorded this step meanwhile.
+                    guard let current = await retrying("ledger", { try await ledger.steps(ofEvent: work.eventID) }) else { return nil }
+                    if let recorded = current.first(where: { $0.index == step.index }), recorded.status != .pending {
+                        if recorded.status == .failed { failed = true }
+                        finished = isLast
+                        break stepLoop
+                    }
+                }
                 // The call and the recording of its outcome are one action for the door: a Kafka
                 // partition's revocation waits for it to end, and none starts once the door has
                 // taken the message back (its next owner runs the step).
@@ -484,18 +538,6 @@ public struct EventProcessor: Sendable {
                 }
                 let next: StepNext = await {
                     defer { acknowledgement.endAction() }
-                    let lease = await holdLease()
-                    guard lease.held else { return .stopped }
-                    if lease.waited {
-                        // The lease's last holder may have recorded this step meanwhile.
-                        guard let current = await retrying("ledger", { try await ledger.steps(ofEvent: work.eventID) }) else {
-                            return .stopped
-                        }
-                        if let recorded = current.first(where: { $0.index == step.index }), recorded.status != .pending {
-                            if recorded.status == .failed { failed = true }
-                            return .recorded
-                        }
-                    }
                     let calledAt = breakers.currentTime
                     var outcome = await engine.executor.execute(planned.action, context: context)
                     if case .retry = outcome {

@@ -177,18 +177,19 @@ public final class RedisClient: Sendable {
                 }
                 if batch.isEmpty { return }
                 roundTrips.add(1, ordering: .relaxed)
-                let result = batch.count == 1 ? connection.run(batch[0].commands, settings: settings)
-                    : connection.run(batch.flatMap(\.commands), settings: settings)
-                switch result {
-                case .failure(let error):
-                    for request in batch { request.continuation.resume(returning: .failure(error)) }
-                case .success(let replies):
-                    var start = 0
-                    for request in batch {
-                        let end = start + request.commands.count
+                let (replies, failure) = connection.run(batch.count == 1 ? batch[0].commands : batch.flatMap(\.commands),
+                                                        settings: settings)
+                // Each request whose replies were all read has its answer, even when the
+                // connection failed later in the round trip; the others get the error.
+                var start = 0
+                for request in batch {
+                    let end = start + request.commands.count
+                    if end <= replies.count {
                         request.continuation.resume(returning: .success(Array(replies[start..<end])))
-                        start = end
+                    } else {
+                        request.continuation.resume(returning: .failure(failure ?? RedisError("Redis: missing replies", retryable: true)))
                     }
+                    start = end
                 }
             }
         }
@@ -222,18 +223,20 @@ final class Connection: @unchecked Sendable {
         context = nil
     }
 
-    func run(_ commands: [[[UInt8]]], settings: RedisConnectionSettings) -> Result<[RedisReply], RedisError> {
+    /// Sends the commands in one write and reads their replies: all of them, or those read
+    /// before the connection failed, with the failure.
+    func run(_ commands: [[[UInt8]]], settings: RedisConnectionSettings) -> (replies: [RedisReply], failure: RedisError?) {
+        var replies: [RedisReply] = []
         do throws(RedisError) {
             let context = try connected(settings)
             for command in commands { try append(command, to: context) }
-            var replies: [RedisReply] = []
             replies.reserveCapacity(commands.count)
             for _ in commands { replies.append(try reply(from: context)) }
-            return .success(replies)
+            return (replies, nil)
         } catch {
             // The connection's state is unknown (half-read replies): start afresh next time.
             disconnect()
-            return .failure(error)
+            return (replies, error)
         }
     }
 

@@ -110,4 +110,19 @@ struct OffsetTrackerTests {
         #expect(other.beginWork())
         #expect(other.revoke(waitingUpTo: 0.01) == 1)
     }
+
+    /// One revocation of several partitions stops new work on all of them before it waits for
+    /// any, and waits for all of them against one deadline.
+    @Test(.timeLimit(.minutes(1))) func aRevocationOfSeveralPartitionsStopsNewWorkOnAllBeforeWaiting() async {
+        let busy = PartitionAssignment(partition: p0, generation: 1)
+        let idle = PartitionAssignment(partition: p1, generation: 2)
+        #expect(busy.beginWork())
+        let revoking = Task.detached { PartitionAssignment.revoke([busy, idle], waitingUpTo: 30) }
+        // Both are marked before the wait for the busy one begins.
+        while !idle.isRevoked { await Task.yield() }
+        #expect(busy.isRevoked)
+        #expect(idle.beginWork() == false && busy.beginWork() == false)
+        busy.endWork()
+        #expect(await revoking.value == 0)
+    }
 }

@@ -146,6 +146,27 @@ struct CoreTests {
         #expect(world.deadLetters.sent.withLock { $0.isEmpty })
     }
 
+    // The input ends (a replay file, say) while tokens still wait for keys: they keep waiting
+    // until the keys come, then are recorded, and the pipeline ends with every record settled.
+    @Test func tokensWaitingForKeysWhenTheInputEndsAreRecordedOnceTheKeysCome() async throws {
+        let world = World()
+        world.fetcherB.failing.withLock { $0 = true }
+        let door = HandDoor()
+        let running = Task { await world.pipeline.run(door.stream) }
+        door.feed([
+            Self.token(Self.issuerB, "w", jti: "w-1", key: Self.keyB1),
+            Self.token(Self.issuerA, "v", jti: "v-1", key: Self.keyA),
+        ])
+        door.continuation.finish()
+        #expect(await eventually { door.disposition(1) != nil })
+        #expect(door.disposition(0) == nil)
+        world.fetcherB.document.withLock { $0 = SETMinter.jwks([Self.keyB1]) }
+        world.fetcherB.failing.withLock { $0 = false }
+        await running.value
+        #expect(world.ledger.event("w-1")?.outcome == .processed)
+        if case .recorded = door.disposition(0) {} else { Issue.record("w-1: \(String(describing: door.disposition(0)))") }
+    }
+
     // Failures a retry can mend (the ledger, the dead-letter topic unavailable for a moment)
     // are retried; every record ends recorded or rejected, none abandoned.
     @Test func transientLedgerAndDeadLetterFailuresAreRetried() async {
