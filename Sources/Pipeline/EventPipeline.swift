@@ -56,32 +56,33 @@ public struct EventPipeline: Sendable {
                 writeQueue.close()
             }
             // The ledger writer: it takes every batch admitted since its last write and writes
-            // them together, in order, in one atomic write; while it waits for the disk,
-            // verification and admission go on, so the next write is larger rather than later.
-            // Events with steps go to the step runner; the writer goes on meanwhile.
+            // them in order, in atomic writes of at most `maximumWrite` records (a step's
+            // outcome, written between two of them, never waits behind a very large one);
+            // while it waits for the disk, verification and admission go on, so the next write
+            // is larger rather than later. Events with steps go to the step lanes; the writer
+            // goes on meanwhile.
             group.addTask {
                 // Discarding: a long-running worker does not keep a result per finished event.
                 await withDiscardingTaskGroup { steps in
                     while let ready = await writeQueue.takeAll() {
-                      // Written in transactions of at most `maximumWrite` records: a step's
-                      // outcome, written between them, never waits behind a very large one.
-                      let records = Array(ready.joined())
-                      for start in stride(from: 0, to: records.count, by: maximumWrite) {
-                        for work in await processor.record(Array(records[start..<min(start + maximumWrite, records.count)])) {
-                            let subjectKey = work.subjectKey
-                            let turn = lanes.enter(subjectKey)
-                            steps.addTask {
-                                // A later event of this subject must not act before this one:
-                                // when the process stops, the subject's later ones stop too.
-                                let previousPassed = await turn.previous?.wait() ?? true
-                                let disposition: Disposition =
-                                    !previousPassed && processor.stop.isStopping ? .abandoned : await processor.run(work)
-                                work.record.acknowledgement.settle(disposition)
-                                turn.mine.open(passed: disposition != .abandoned)
-                                lanes.leave(subjectKey, turn.mine)
+                        let records = Array(ready.joined())
+                        for start in stride(from: 0, to: records.count, by: maximumWrite) {
+                            let part = Array(records[start..<min(start + maximumWrite, records.count)])
+                            for work in await processor.record(part) {
+                                let subjectKey = work.subjectKey
+                                let turn = lanes.enter(subjectKey)
+                                steps.addTask {
+                                    // A later event of this subject must not act before this
+                                    // one: when the process stops, the subject's later ones stop too.
+                                    let previousPassed = await turn.previous?.wait() ?? true
+                                    let disposition: Disposition =
+                                        !previousPassed && processor.stop.isStopping ? .abandoned : await processor.run(work)
+                                    work.record.acknowledgement.settle(disposition)
+                                    turn.mine.open(passed: disposition != .abandoned)
+                                    lanes.leave(subjectKey, turn.mine)
+                                }
                             }
                         }
-                      }
                     }
                 }
             }
