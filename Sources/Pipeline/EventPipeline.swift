@@ -113,7 +113,10 @@ public struct EventPipeline: Sendable {
         /// does; otherwise it is ready for admission.
         func place(_ checked: EventProcessor.Checked) async {
             while true {
-                guard let lane = checked.waitingLane ?? checked.lane.flatMap({ waiting.holds($0) ? $0 : nil }) else {
+                // A verified record's lane is looked up only while something waits: the common case
+                // builds no lane key.
+                guard let lane = checked.waitingLane
+                    ?? (waiting.count > 0 ? checked.lane.flatMap({ waiting.holds($0) ? $0 : nil }) : nil) else {
                     ready.append(checked)
                     return
                 }

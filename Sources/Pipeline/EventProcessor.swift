@@ -105,11 +105,9 @@ public final class StopSignal: Sendable {
     }
 }
 
-/// The core of the pipeline: verify → claim with plan → record. Works on batches: a batch is
-/// verified on every core, its dead letters are sent, and then all of it is written to the
-/// ledger in one atomic write, in order; only then are its outcomes durable and may its messages
-/// be committed. Order within a batch is the order of arrival, so one subject's events are
-/// recorded in order.
+/// What each stage of `EventPipeline` does to records: verify (`check`, on every core), admit
+/// (subject, plan, dead letters), record (one atomic ledger write, in arrival order, after
+/// which outcomes are durable and records are settled), and run an event's steps.
 public struct EventProcessor: Sendable {
     public let verifier: SETVerifier
     public let ledger: any Ledger

@@ -69,16 +69,17 @@ public final class SETVerifier: Sendable {
         // suspending or copying the token.
         let first = token.withContiguousStorageIfAvailable { attempt($0, keys: .cached) }
             ?? Array(token).withUnsafeBufferPointer { attempt($0, keys: .cached) }
-        let issuer: Issuer, keyID: String, subject: String?
+        let issuer: Issuer, keyID: String, claims: JSONObject
         switch first {
         case .done(let result): return result
-        case .needsKeys(let i, let k, let s): (issuer, keyID, subject) = (i, k, s)
+        case .needsKeys(let i, let k, let c): (issuer, keyID, claims) = (i, k, c)
         }
         var result = await verifyNeedingKeys(token, issuer: issuer, keyID: keyID)
         // A token that waits for keys holds back the later events of its subject (as it claims
         // it, unverified): they must not act before it.
         if case .failure(var error) = result, error.isRetryable {
-            error.unverifiedSubject = subject
+            let claimed = try? SecurityEventToken.parse(claims: claims)
+            error.unverifiedSubject = claimed?.laneKey ?? SecurityEventToken.laneKey(issuer: issuer.policy.issuer, subject: nil)
             result = .failure(error)
         }
         return result
@@ -119,8 +120,9 @@ public final class SETVerifier: Sendable {
 
     private enum Attempt {
         case done(Result<VerifiedSET, VerificationError>)
-        /// With the subject the token claims, unverified (`SubjectIdentifier.laneKey`).
-        case needsKeys(Issuer, keyID: String, subject: String?)
+        /// With the token's claims, unverified: the subject they claim is read only if the
+        /// keys turn out to be unavailable.
+        case needsKeys(Issuer, keyID: String, claims: JSONObject)
     }
 
     /// Which key a verification attempt uses.
@@ -143,9 +145,7 @@ public final class SETVerifier: Sendable {
                 entry = resolved
             case .cached:
                 guard let cached = issuer.keys.freshEntry(keyID: parsed.keyID, at: now) else {
-                    let claimed = try? SecurityEventToken.parse(claims: parsed.claims)
-                    return .needsKeys(issuer, keyID: parsed.keyID,
-                                      subject: claimed?.laneKey ?? SecurityEventToken.laneKey(issuer: issuer.policy.issuer, subject: nil))
+                    return .needsKeys(issuer, keyID: parsed.keyID, claims: parsed.claims)
                 }
                 entry = cached
             }
