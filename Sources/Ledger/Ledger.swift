@@ -11,10 +11,11 @@ public protocol Ledger: Sendable {
     func claim(_ event: LedgerEvent, outcome: EventOutcome, steps: [OutboxStep]) async throws(LedgerError) -> Claim
     /// Records what became of a claimed event.
     func record(outcome: EventOutcome, forEvent eventID: Int64) async throws(LedgerError)
-    /// Records that one step of an event is done or failed for good; it is never run again.
-    /// With `finishing`, the event's outcome is recorded in the same write (its last step).
-    func recordStep(_ index: Int, of eventID: Int64, status: StepStatus, detail: String, finishing: EventOutcome?)
-        async throws(LedgerError)
+    /// Records, in one write, that steps (of any events) are done or failed for good; a step
+    /// recorded is never run again. Only a pending step is recorded: for each record, nil when
+    /// it was, or the conflict that kept it (recorded already, by another owner of its event;
+    /// no such step). A record with `finishing` also records its event's outcome (its last step).
+    func recordSteps(_ records: [RecordedStep]) async throws(LedgerError) -> [LedgerError?]
     /// Takes, or renews, the right to run an event's steps for `seconds`: granted when no one
     /// holds it, when its holder's time has run out, or when `owner` holds it already. Two
     /// processes (a partition's old and new owner after a rebalance) never run one event's
@@ -39,8 +40,31 @@ public protocol Ledger: Sendable {
 }
 
 extension Ledger {
-    public func recordStep(_ index: Int, of eventID: Int64, status: StepStatus, detail: String) async throws(LedgerError) {
-        try await recordStep(index, of: eventID, status: status, detail: detail, finishing: nil)
+    /// Records one step's outcome (`recordSteps`), throwing the conflict that kept it.
+    public func recordStep(_ index: Int, of eventID: Int64, status: StepStatus, detail: String, finishing: EventOutcome? = nil)
+        async throws(LedgerError)
+    {
+        let refusals = try await recordSteps([RecordedStep(eventID: eventID, index: index, status: status, detail: detail,
+                                                           finishing: finishing)])
+        if let refusal = refusals.first ?? nil { throw refusal }
+    }
+}
+
+/// A step's outcome, to be recorded.
+public struct RecordedStep: Sendable, Equatable {
+    public var eventID: Int64
+    public var index: Int
+    public var status: StepStatus
+    public var detail: String
+    /// With an event's last step: the event's outcome, recorded in the same write.
+    public var finishing: EventOutcome?
+
+    public init(eventID: Int64, index: Int, status: StepStatus, detail: String, finishing: EventOutcome? = nil) {
+        self.eventID = eventID
+        self.index = index
+        self.status = status
+        self.detail = detail
+        self.finishing = finishing
     }
 }
 

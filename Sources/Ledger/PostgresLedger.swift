@@ -194,31 +194,38 @@ public final class PostgresLedger: Ledger {
         }
     }
 
-    public func recordStep(_ index: Int, of eventID: Int64, status: StepStatus, detail: String, finishing: EventOutcome?)
-        async throws(LedgerError)
-    {
-        try await transaction("record step") { connection in
+    public func recordSteps(_ records: [RecordedStep]) async throws(LedgerError) -> [LedgerError?] {
+        try await transaction("record steps") { connection in
             let now = Date().timeIntervalSince1970
-            var found = false
-            for try await _ in try await connection.query("""
-                UPDATE steps SET status = \(status.rawValue), detail = \(storable(detail)), updated_at = \(now)
-                WHERE event_id = \(eventID) AND idx = \(index) AND status = 'pending' RETURNING idx
-                """, logger: self.logger).decode(Int.self) { found = true }
-            guard found else {
-                // Only a pending step is recorded: one recorded already (by another owner of the
-                // event, after a rebalance) keeps its outcome.
-                var recorded: String? = nil
-                for try await status in try await connection.query(
-                    "SELECT status FROM steps WHERE event_id = \(eventID) AND idx = \(index)", logger: self.logger).decode(String.self) {
-                    recorded = status
+            var refusals: [LedgerError?] = []
+            refusals.reserveCapacity(records.count)
+            for record in records {
+                var found = false
+                for try await _ in try await connection.query("""
+                    UPDATE steps SET status = \(record.status.rawValue), detail = \(storable(record.detail)), updated_at = \(now)
+                    WHERE event_id = \(record.eventID) AND idx = \(record.index) AND status = 'pending' RETURNING idx
+                    """, logger: self.logger).decode(Int.self) { found = true }
+                guard found else {
+                    // Only a pending step is recorded: one recorded already (by another owner of the
+                    // event, after a rebalance) keeps its outcome.
+                    var recorded: String? = nil
+                    for try await status in try await connection.query(
+                        "SELECT status FROM steps WHERE event_id = \(record.eventID) AND idx = \(record.index)",
+                        logger: self.logger).decode(String.self) {
+                        recorded = status
+                    }
+                    refusals.append(LedgerError(.conflict, recorded.map { "step \(record.index) of event \(record.eventID) is already recorded \($0)" }
+                                                ?? "event \(record.eventID) has no step \(record.index) in the ledger"))
+                    continue
                 }
-                throw LedgerError(.conflict, recorded.map { "step \(index) of event \(eventID) is already recorded \($0)" }
-                                  ?? "event \(eventID) has no step \(index) in the ledger")
+                if let finishing = record.finishing {
+                    try await connection.query(
+                        "UPDATE events SET outcome = \(finishing.rawValue), updated_at = \(now) WHERE id = \(record.eventID)",
+                        logger: self.logger)
+                }
+                refusals.append(nil)
             }
-            if let finishing {
-                try await connection.query("UPDATE events SET outcome = \(finishing.rawValue), updated_at = \(now) WHERE id = \(eventID)",
-                                           logger: self.logger)
-            }
+            return refusals
         }
     }
 

@@ -233,33 +233,38 @@ public final class SQLiteLedger: Ledger {
         }
     }
 
-    public func recordStep(_ index: Int, of eventID: Int64, status: StepStatus, detail: String, finishing: EventOutcome?)
-        async throws(LedgerError)
-    {
+    public func recordSteps(_ records: [RecordedStep]) async throws(LedgerError) -> [LedgerError?] {
         try await writer.submit(urgent: true) { db in
             let now = Date().timeIntervalSince1970
-            // Only a pending step is recorded: one already done or failed (by another owner of the
-            // event, after a rebalance) keeps its outcome, and the caller learns it was not first.
-            var binder = SQLiteBinder()
-            let changed = try binder.execute(db.cachedStatement(sql: """
-                UPDATE steps SET status = ?, detail = ?, updated_at = ? WHERE event_id = ? AND idx = ? AND status = 'pending'
-                """), in: db) {
-                $0.text(status.rawValue)
-                $0.text(detail)
-                $0.double(now)
-                $0.integer(eventID)
-                $0.integer(Int64(index))
+            var refusals: [LedgerError?] = []
+            refusals.reserveCapacity(records.count)
+            for record in records {
+                // Only a pending step is recorded: one already done or failed (by another owner of
+                // the event, after a rebalance) keeps its outcome, and the caller learns it was not first.
+                var binder = SQLiteBinder()
+                let changed = try binder.execute(db.cachedStatement(sql: """
+                    UPDATE steps SET status = ?, detail = ?, updated_at = ? WHERE event_id = ? AND idx = ? AND status = 'pending'
+                    """), in: db) {
+                    $0.text(record.status.rawValue)
+                    $0.text(record.detail)
+                    $0.double(now)
+                    $0.integer(record.eventID)
+                    $0.integer(Int64(record.index))
+                }
+                guard changed == 1 else {
+                    let recorded = try String.fetchOne(db, sql: "SELECT status FROM steps WHERE event_id = ? AND idx = ?",
+                                                       arguments: [record.eventID, record.index])
+                    refusals.append(LedgerError(.conflict, recorded.map { "step \(record.index) of event \(record.eventID) is already recorded \($0)" }
+                                                ?? "event \(record.eventID) has no step \(record.index) in the ledger"))
+                    continue
+                }
+                if let finishing = record.finishing {
+                    try db.cachedStatement(sql: "UPDATE events SET outcome = ?, updated_at = ? WHERE id = ?")
+                        .execute(arguments: [finishing.rawValue, now, record.eventID])
+                }
+                refusals.append(nil)
             }
-            guard changed == 1 else {
-                let recorded = try String.fetchOne(db, sql: "SELECT status FROM steps WHERE event_id = ? AND idx = ?",
-                                                   arguments: [eventID, index])
-                throw LedgerError(.conflict, recorded.map { "step \(index) of event \(eventID) is already recorded \($0)" }
-                                  ?? "event \(eventID) has no step \(index) in the ledger")
-            }
-            if let finishing {
-                try db.cachedStatement(sql: "UPDATE events SET outcome = ?, updated_at = ? WHERE id = ?")
-                    .execute(arguments: [finishing.rawValue, now, eventID])
-            }
+            return refusals
         }
     }
 

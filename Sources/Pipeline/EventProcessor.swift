@@ -6,109 +6,27 @@ import SecurityEvents
 public import TokenVerification
 import Synchronization
 
-/// Where invalid messages go, with the error as headers. Returns once the dead letter is durable.
-public protocol DeadLetterSink: Sendable {
-    func deadLetter(value: [UInt8], code: String, description: String, source: String) async throws(DeadLetterError)
-}
-
-/// Why a dead letter could not be sent, and whether sending it again can help.
-public struct DeadLetterError: Error, Sendable, CustomStringConvertible {
-    public var description: String
-    public var isRetryable: Bool
-
-    public init(_ description: String, isRetryable: Bool) {
-        self.description = description
-        self.isRetryable = isRetryable
-    }
-}
-
-/// What acts on verified events: the planner (policy), subject resolution, and the executor
-/// that runs steps on targets.
-public struct InvalidationEngine: Sendable {
-    public var planner: Planner
-    public var resolver: any SubjectResolver
-    public var executor: any StepExecutor
-
-    public init(planner: Planner, resolver: any SubjectResolver, executor: any StepExecutor) {
-        self.planner = planner
-        self.resolver = resolver
-        self.executor = executor
-    }
-
-    /// Records events and acts on none: an empty policy.
-    public static let recordOnly = InvalidationEngine(planner: Planner(policy: Policy()), resolver: IdentityResolver(),
-                                                      executor: NoTargets())
-
-    struct NoTargets: StepExecutor {
-        func execute(_ action: StepAction, context: StepContext) async -> StepOutcome { .failed("no targets are configured") }
-    }
-}
-
-/// Tells long waits (retries, backoffs) that the process is stopping: a wait ends when the
-/// signal is given or its task is cancelled, not by looking at a flag now and then.
-public final class StopSignal: Sendable {
-    private struct State {
-        var stopping = false
-        var waiters: [Int: CheckedContinuation<Void, Never>] = [:]
-        var next = 0
-    }
-
-    private let state = Mutex(State())
-    public init() {}
-
-    public func stop() {
-        let waiters = state.withLock { s -> [CheckedContinuation<Void, Never>] in
-            s.stopping = true
-            defer { s.waiters = [:] }
-            return Array(s.waiters.values)
-        }
-        for waiter in waiters { waiter.resume() }
-    }
-
-    public var isStopping: Bool { state.withLock { $0.stopping } }
-
-    /// Returns once `stop()` is called, or at once when the task is cancelled.
-    func stopped() async {
-        let id = state.withLock { s -> Int in
-            defer { s.next += 1 }
-            return s.next
-        }
-        await withTaskCancellationHandler {
-            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-                let now = state.withLock { s -> Bool in
-                    if s.stopping || Task.isCancelled { return true }
-                    s.waiters[id] = continuation
-                    return false
-                }
-                if now { continuation.resume() }
-            }
-        } onCancel: {
-            state.withLock { $0.waiters.removeValue(forKey: id) }?.resume()
-        }
-    }
-
-    /// Sleeps up to `seconds`, ending early when stopping (or cancelled). Returns false when
-    /// stopping or cancelled.
-    func pause(_ seconds: Double) async -> Bool {
-        if isStopping || Task.isCancelled { return false }
-        let slept = await withTaskGroup(of: Bool.self) { group in
-            group.addTask { (try? await Task.sleep(for: .seconds(seconds))) != nil }
-            group.addTask {
-                await self.stopped()
-                return false
-            }
-            let first = await group.next() ?? false
-            group.cancelAll()
-            return first
-        }
-        return slept && !isStopping && !Task.isCancelled
-    }
-}
-
 /// What each stage of `EventPipeline` does to records: verify (`check`, on every core), admit
 /// (subject, plan, dead letters), record (one atomic ledger write, in arrival order, after
 /// which outcomes are durable and records are settled), and run an event's steps.
 public struct EventProcessor: Sendable {
+    public struct Configuration: Sendable {
+        /// Backoff bounds for retries (keys unavailable, subject lookups, ledger or dead-letter
+        /// failures, steps).
+        public var retry: Persistence.Timing
+        /// Tasks verifying one batch at once.
+        public var parallelism: Int
+        /// How events' steps run: attempts, leases, circuit breakers.
+        public var steps: StepRunner.Configuration
+
+        /// `parallelism`: by default, one task per core.
+        public init(retry: Persistence.Timing = .init(), parallelism: Int? = nil, steps: StepRunner.Configuration = .init()) {
+            self.retry = retry
+            self.parallelism = max(1, parallelism ?? ProcessInfo.processInfo.activeProcessorCount)
+            self.steps = steps
+        }
+    }
+
     public let verifier: SETVerifier
     public let ledger: any Ledger
     public let deadLetters: any DeadLetterSink
@@ -116,31 +34,28 @@ public struct EventProcessor: Sendable {
     public let logger: Logger
     public let stop: StopSignal
     /// Planner, subject resolution and executor. Default: record only.
-    public var engine: InvalidationEngine = .recordOnly
-    /// Backoff bounds for retries (keys unavailable, ledger or dead-letter failures), seconds.
-    public var initialBackoff: Double = 0.5
-    public var maximumBackoff: Double = 30
-    /// Tasks verifying one batch at once.
-    public var parallelism: Int = max(1, ProcessInfo.processInfo.activeProcessorCount)
-    /// Attempts at a step that its target keeps refusing with a retryable answer while it
-    /// serves other events; then the step is failed and dead-lettered. Attempts made while
-    /// the target is down (no success from it meanwhile) are not counted: those events wait.
-    public var maximumStepAttempts: Int = 10
-    /// Per-target circuit breakers.
-    let breakers = CircuitBreakers()
-    /// Who this process is when it leases an event's steps in the ledger.
-    public var leaseOwner = "\(ProcessInfo.processInfo.hostName)/\(ProcessInfo.processInfo.processIdentifier)/\(UUID().uuidString.prefix(8))"
-    /// How long a lease on an event's steps lasts; renewed while its steps run.
-    public var leaseSeconds: Double = 10
+    public let engine: InvalidationEngine
+    public let configuration: Configuration
+    /// Retries with backoff, ending when the process stops.
+    let persistence: Persistence
+    /// Runs events' steps and records their outcomes in the ledger.
+    let steps: StepRunner
 
     public init(verifier: SETVerifier, ledger: any Ledger, deadLetters: any DeadLetterSink, metrics: WardenMetrics,
-                logger: Logger, stop: StopSignal) {
+                logger: Logger, stop: StopSignal, engine: InvalidationEngine = .recordOnly, configuration: Configuration = .init()) {
         self.verifier = verifier
         self.ledger = ledger
         self.deadLetters = deadLetters
         self.metrics = metrics
         self.logger = logger
         self.stop = stop
+        self.engine = engine
+        self.configuration = configuration
+        let persistence = Persistence(timing: configuration.retry, stop: stop, observer: metrics, logger: logger,
+                                      isRetryable: Self.isRetryable)
+        self.persistence = persistence
+        self.steps = StepRunner(configuration: configuration.steps, executor: engine.executor, journal: LedgerJournal(ledger: ledger),
+                                deadLetters: deadLetters, persistence: persistence, logger: logger)
     }
 
     enum Verdict: Sendable {
@@ -279,13 +194,13 @@ public struct EventProcessor: Sendable {
             case .valid(let event):
                 let plan = event.plan
                 // The event is claimed together with its outbox: the planned steps, all pending.
-                let steps = plan.steps.map { OutboxStep(index: $0.index, kind: $0.action.kind, action: Self.encode($0)) }
+                let steps = plan.steps.map { OutboxStep(index: $0.index, kind: $0.action.kind, action: $0.encoded) }
                 let outcome: EventOutcome = !steps.isEmpty ? .pending : plan.isUnresolved ? .unresolved : .processed
                 var claimed = ledgerEvent(event.verified, message)
                 if !steps.isEmpty {
                     // The claim takes the event's lease: its first step needs no write of its own.
-                    claimed.leaseOwner = leaseOwner
-                    claimed.leaseUntil = Date().timeIntervalSince1970 + leaseSeconds
+                    claimed.leaseOwner = configuration.steps.owner
+                    claimed.leaseUntil = Date().timeIntervalSince1970 + configuration.steps.lease.timeInterval
                 }
                 admitted.append(Admitted(record: checked.record, verdict: verdict,
                                          entry: .event(claimed, outcome: outcome, steps: steps)))
@@ -336,11 +251,11 @@ public struct EventProcessor: Sendable {
                     logger.notice("subject resolved to no local user; steps that need one were not planned", metadata: metadata(event.token, message, eventID: id))
                 }
                 guard case .event(_, _, let steps) = admitted.entry else { preconditionFailure("entries follow verdicts") }
-                let outcome: EventOutcome = event.plan.isUnresolved ? .unresolved : .processed
+                let outcome: EventEnd = event.plan.isUnresolved ? .unresolved : .processed
                 if steps.isEmpty {
                     outcomes.add(outcome.rawValue)
                     logger.info("event recorded", metadata: metadata(event.token, message, eventID: id))
-                    acknowledgement.settle(.recorded(eventID: id, outcome: outcome))
+                    acknowledgement.settle(.recorded(eventID: id, outcome: EventOutcome(outcome)))
                 } else {
                     var new = Work(record: admitted.record, eventID: id, isNew: true, steps: steps, planned: event.plan.steps,
                                    outcomeIfDone: outcome, context: StepContext(token: event.token, user: event.user))
@@ -417,7 +332,7 @@ public struct EventProcessor: Sendable {
         var steps: [OutboxStep]
         /// The steps as planned, for a new event (a resumed one reads them from its outbox).
         var planned: [PlannedStep] = []
-        var outcomeIfDone: EventOutcome
+        var outcomeIfDone: EventEnd
         var context: StepContext
         /// Until when this process holds the event's lease (taken with its claim); 0 if not.
         var leasedUntil = 0.0
@@ -432,211 +347,26 @@ public struct EventProcessor: Sendable {
     }
 
     /// Runs one event's steps; its disposition once they are all done or failed for good, or
-    /// `.abandoned` when the process stopped first.
+    /// `.abandoned` when the process stopped first (or the door took the message back).
     public func run(_ work: Work) async -> Disposition {
-        guard let outcome = await runSteps(work) else {
+        let event = EventSteps(
+            eventID: work.eventID, steps: work.isNew ? work.steps.map(JournalStep.init) : nil, planned: work.planned,
+            context: work.context, outcomeIfDone: work.outcomeIfDone, leasedUntil: work.leasedUntil, message: work.message.value,
+            source: work.message.source, permit: work.record.acknowledgement)
+        guard let end = await steps.run(event) else {
             // Left for the next delivery: the lease, if this process holds it, is given up at
             // once, so the next owner does not wait for it to run out.
-            _ = try? await ledger.lease(event: work.eventID, owner: leaseOwner, seconds: 0)
+            await steps.release(event: work.eventID)
             return .abandoned
         }
-        return work.isNew ? .recorded(eventID: work.eventID, outcome: outcome) : .duplicate(eventID: work.eventID)
-    }
-
-    /// Runs an event's pending steps in order and records each outcome, then the event's.
-    /// A step that fails for good is dead-lettered with its reason, and the others still run.
-    /// Returns nil when the process stops while a step waits to be retried.
-    func runSteps(_ work: Work) async -> EventOutcome? {
-        var work = work
-        if !work.isNew {
-            // A redelivery: its steps are read now, in its turn in the subject's lane, so steps
-            // the delivery before it finished meanwhile are not run again.
-            guard let steps = await retrying("ledger", { try await ledger.steps(ofEvent: work.eventID) }) else { return nil }
-            if steps.contains(where: { $0.status == .failed }) { work.outcomeIfDone = .failed }
-            work.steps = steps.filter { $0.status == .pending }
-            // Nothing left: the delivery before finished the event and recorded its outcome.
-            if work.steps.isEmpty { return work.outcomeIfDone }
-        }
-        // The event's lease: no other process (a partition's old owner after a rebalance, or a
-        // killed process whose lease has not run out yet) runs its steps while this one does.
-        // While another holds it, this one waits; once it has it after waiting, the step's
-        // status is read again, as the holder may have finished it. Nil when stopping.
-        var leasedUntil = work.leasedUntil
-        func holdLease() async -> (held: Bool, waited: Bool) {
-            var waited = false
-            while true {
-                let now = Date().timeIntervalSince1970
-                guard now > leasedUntil - leaseSeconds / 3 else { return (true, waited) }
-                guard let granted = await retrying("ledger", { try await ledger.lease(event: work.eventID, owner: leaseOwner,
-                                                                                      seconds: leaseSeconds) }) else { return (false, waited) }
-                if granted {
-                    leasedUntil = now + leaseSeconds
-                    return (true, waited)
-                }
-                if !waited {
-                    logger.notice("another owner runs this event's steps; waiting for its lease", metadata: ["warden.event_id": "\(work.eventID)"])
-                }
-                waited = true
-                metrics.retried("lease")
-                guard await stop.pause(min(1, leaseSeconds / 3)) else { return (false, waited) }
-            }
-        }
-        var failed = false
-        var finished = false
-        for step in work.steps {
-            let isLast = step.index == work.steps.last?.index
-            guard let planned = work.planned.first(where: { $0.index == step.index }) ?? Self.decode(step.action) else {
-                // Cannot happen with this version's ledger; refuse to guess what to do.
-                failed = true
-                guard await retrying("ledger", { try await ledger.recordStep(step.index, of: work.eventID, status: .failed,
-                                                                             detail: "the step in the ledger cannot be read",
-                                                                             finishing: isLast ? .failed : nil) }) != nil
-                else { return nil }
-                finished = isLast
-                continue
-            }
-            var context = work.context
-            context.eventType = planned.eventType
-            var attempt = 0, refusals = 0
-            var previousCall: Double? = nil
-            let target = planned.action.targets.first ?? planned.action.store.map { "store:" + $0 } ?? step.kind
-            let about: Logger.Metadata = [
-                "warden.event_id": "\(work.eventID)", "warden.step": "\(step.index)", "warden.kind": "\(step.kind)",
-                "warden.target": "\(target)",
-            ]
-            stepLoop: while true {
-                guard breakers.allow(target) else {
-                    // The target is resting after repeated failures: wait without calling it,
-                    // and look again soon, so events flow as soon as the trial call succeeds.
-                    metrics.retried("circuit_open")
-                    guard await stop.pause(breakers.retryDelay(target)) else { return nil }
-                    continue
-                }
-                // The lease first, outside the action: waiting for another owner's lease must
-                // not hold up a revocation.
-                let lease = await holdLease()
-                guard lease.held else { return nil }
-                if lease.waited {
-                    // The lease's last holder may have recorded this step meanwhile.
-                    guard let current = await retrying("ledger", { try await ledger.steps(ofEvent: work.eventID) }) else { return nil }
-                    if let recorded = current.first(where: { $0.index == step.index }), recorded.status != .pending {
-                        if recorded.status == .failed { failed = true }
-                        finished = isLast
-                        break stepLoop
-                    }
-                }
-                // The call and the recording of its outcome are one action for the door: a Kafka
-                // partition's revocation waits for it to end, and none starts once the door has
-                // taken the message back (its next owner runs the step).
-                let acknowledgement = work.record.acknowledgement
-                guard acknowledgement.beginAction() else {
-                    logger.notice("message taken back by its door; its steps are left to the next owner",
-                                  metadata: ["warden.event_id": "\(work.eventID)", "warden.source": "\(work.message.source)"])
-                    return nil
-                }
-                let next: StepNext = await {
-                    defer { acknowledgement.endAction() }
-                    let calledAt = breakers.currentTime
-                    var outcome = await engine.executor.execute(planned.action, context: context)
-                    if case .retry = outcome {
-                        breakers.record(target, reachable: false, calledAt: calledAt)
-                        // The target answered someone else since our last try, yet not us: this
-                        // event, not the target, is the problem.
-                        if let previousCall, breakers.succeeded(target, since: previousCall) { refusals += 1 }
-                        previousCall = calledAt
-                        if refusals >= maximumStepAttempts, case .retry(let reason, _) = outcome {
-                            outcome = .failed("gave up after \(refusals) attempts while the target served other events: \(reason)")
-                        }
-                    } else {
-                        breakers.record(target, reachable: true)
-                    }
-                    metrics.step(kind: step.kind, result: outcome.result)
-                    let answeredAt = ContinuousClock.now
-                    switch outcome {
-                    case .done(let detail):
-                        logger.info("step done", metadata: about.merging(["warden.detail": "\(detail)"]) { $1 })
-                        let finishing: EventOutcome? = isLast ? (failed ? .failed : work.outcomeIfDone) : nil
-                        guard await retrying("ledger", { try await ledger.recordStep(step.index, of: work.eventID, status: .done,
-                                                                                     detail: detail, finishing: finishing) })
-                            != nil else { return .stopped }
-                        metrics.stepRecordSeconds.recordElapsed(since: answeredAt)
-                        return .recorded
-                    case .failed(let reason):
-                        failed = true
-                        logger.critical("step failed permanently; dead-lettered", metadata: about.merging(["warden.reason": "\(reason)"]) { $1 })
-                        let description = "\(step.kind) step \(step.index) failed: \(reason)"
-                        let sent = await attempting("dead-letter") { () async throws -> Bool in
-                            try await deadLetters.deadLetter(value: work.message.value, code: "step-failed", description: description,
-                                                             source: work.message.source)
-                            return true
-                        }
-                        switch sent {
-                        case .stopped: return .stopped
-                        case .done: metrics.deadLettered()
-                        case .refused: break  // kept in the ledger only: the step is recorded failed below
-                        }
-                        guard await retrying("ledger", { try await ledger.recordStep(step.index, of: work.eventID, status: .failed,
-                                                                                     detail: reason, finishing: isLast ? .failed : nil) })
-                            != nil else { return .stopped }
-                        metrics.stepRecordSeconds.recordElapsed(since: answeredAt)
-                        return .recorded
-                    case .retry(let reason, let after):
-                        metrics.retried("step")
-                        logger.warning("step will be retried", metadata: about.merging([
-                            "warden.reason": "\(reason)", "warden.attempt": "\(attempt)",
-                        ]) { $1 })
-                        // While the target is down its breaker paces the calls: a step's own backoff
-                        // stays short, so the step runs again within seconds of the target's return.
-                        return .retry(after: after.map { min(max($0, initialBackoff), 300) }
-                            ?? (breakers.isOpen(target) ? initialBackoff : backoff(attempt)))
-                    }
-                }()
-                switch next {
-                case .recorded:
-                    finished = isLast
-                    break stepLoop
-                case .stopped:
-                    return nil
-                case .retry(let wait):
-                    // Waiting outside the action: a revocation does not wait for the pause.
-                    guard await stop.pause(wait) else { return nil }
-                    attempt += 1
-                }
-            }
-        }
-        let outcome: EventOutcome = failed ? .failed : work.outcomeIfDone
-        if !finished {
-            guard await retrying("ledger", { try await ledger.record(outcome: outcome, forEvent: work.eventID) }) != nil else { return nil }
-        }
-        if work.isNew { metrics.outcome(outcome.rawValue) }
-        logger.info("event's steps finished", metadata: [
-            "warden.event_id": "\(work.eventID)", "warden.outcome": "\(outcome.rawValue)", "warden.source": "\(work.message.source)",
-        ])
-        return outcome
-    }
-
-    /// What one attempt at a step came to.
-    private enum StepNext {
-        /// Its outcome is recorded (by this attempt, or by the lease's previous holder).
-        case recorded
-        /// Run it again after this many seconds.
-        case retry(after: Double)
-        /// The process is stopping.
-        case stopped
-    }
-
-    static func encode(_ step: PlannedStep) -> String {
-        // A PlannedStep holds only strings, numbers and arrays of them: encoding cannot fail.
-        String(decoding: (try? JSONEncoder().encode(step)) ?? Data(), as: UTF8.self)
-    }
-
-    static func decode(_ text: String) -> PlannedStep? {
-        try? JSONDecoder().decode(PlannedStep.self, from: Data(text.utf8))
+        guard work.isNew else { return .duplicate(eventID: work.eventID) }
+        metrics.outcome(end.rawValue)
+        return .recorded(eventID: work.eventID, outcome: EventOutcome(end))
     }
 
     /// Verifies every message, the batch split across `parallelism` tasks.
     private func verifyAll(_ batch: [IntakeMessage]) async -> [Result<Verified, VerificationError>] {
-        let workers = min(parallelism, max(1, batch.count / 8))
+        let workers = min(configuration.parallelism, max(1, batch.count / 8))
         if workers <= 1 {
             var results: [Result<Verified, VerificationError>] = []
             results.reserveCapacity(batch.count)
@@ -686,57 +416,22 @@ public struct EventProcessor: Sendable {
             issuedAt: verified.set.token.issuedAt, receivedAt: message.receivedAt)
     }
 
-    /// What calling something until it succeeds came to.
-    enum Attempted<T> {
-        case done(T)
-        /// It failed in a way no retry can mend (a value the ledger cannot hold, a dead letter
-        /// the cluster will never take, a step recorded by another owner).
-        case refused(any Error)
-        /// The process is stopping.
-        case stopped
+    /// `persistence.attempting`: calls `body` until it succeeds, it fails for good, or the process stops.
+    func attempting<T>(_ what: String, _ body: () async throws -> T) async -> Persistence.Attempted<T> {
+        await persistence.attempting(what, body)
     }
 
-    /// Runs `body` until it succeeds, backing off between failures a retry may mend; a failure
-    /// that no retry can mend is returned at once, and counted.
-    func attempting<T>(_ what: String, _ body: () async throws -> T) async -> Attempted<T> {
-        var attempt = 0
-        while true {
-            do {
-                return .done(try await body())
-            } catch {
-                guard Self.isRetryable(error) else {
-                    metrics.counter("warden_permanent_failures_total", [("what", what)]).increment()
-                    logger.critical("\(what) failed for good; not retried", metadata: ["warden.reason": "\(error)"])
-                    return .refused(error)
-                }
-                metrics.retried(what)
-                logger.error("\(what) failed; will retry", metadata: ["warden.reason": "\(error)", "warden.attempt": "\(attempt)"])
-                guard await stop.pause(backoff(attempt)) else { return .stopped }
-                attempt += 1
-            }
-        }
-    }
-
-    /// `attempting`, for callers to whom a refusal and a stop mean the same: leave the work for
-    /// later (nil).
-    private func retrying<T>(_ what: String, _ body: () async throws -> T) async -> T? {
-        if case .done(let value) = await attempting(what, body) { return value }
-        return nil
-    }
+    func backoff(_ attempt: Int) -> Double { persistence.backoff(attempt) }
 
     /// Whether a retry may mend `error`: each error type says so; anything else is assumed
     /// transient.
-    static func isRetryable(_ error: any Error) -> Bool {
+    @Sendable static func isRetryable(_ error: any Error) -> Bool {
         switch error {
         case let error as LedgerError: error.isRetryable
         case let error as DeadLetterError: error.isRetryable
+        case let error as JournalError: error.isRetryable
         default: true
         }
-    }
-
-    func backoff(_ attempt: Int) -> Double {
-        let base = min(maximumBackoff, initialBackoff * pow(2, Double(min(attempt, 16))))
-        return base * Double.random(in: 0.5...1.0)
     }
 
     private func metadata(_ token: SecurityEventToken, _ message: IntakeMessage, eventID: Int64) -> Logger.Metadata {
@@ -782,4 +477,60 @@ struct OutcomeCounts {
 final class SharedIndex: Sendable {
     private let next = Atomic<Int>(0)
     func take() -> Int { next.add(1, ordering: .relaxed).oldValue }
+}
+
+/// The ledger's outbox, as the step runner sees it.
+struct LedgerJournal: StepJournal {
+    let ledger: any Ledger
+
+    func steps(ofEvent eventID: Int64) async throws(JournalError) -> [JournalStep] {
+        do { return try await ledger.steps(ofEvent: eventID).map(JournalStep.init) } catch { throw JournalError(error) }
+    }
+
+    func lease(event eventID: Int64, owner: String, seconds: Double) async throws(JournalError) -> Bool {
+        do { return try await ledger.lease(event: eventID, owner: owner, seconds: seconds) } catch { throw JournalError(error) }
+    }
+
+    func record(_ outcomes: [StepRecord]) async throws(JournalError) -> [JournalError?] {
+        let records = outcomes.map {
+            RecordedStep(eventID: $0.eventID, index: $0.index, status: $0.failed ? .failed : .done, detail: $0.detail,
+                         finishing: $0.finishing.map(EventOutcome.init))
+        }
+        do { return try await ledger.recordSteps(records).map { $0.map(JournalError.init) } } catch { throw JournalError(error) }
+    }
+
+    func finish(event eventID: Int64, outcome: EventEnd) async throws(JournalError) {
+        do { try await ledger.record(outcome: EventOutcome(outcome), forEvent: eventID) } catch { throw JournalError(error) }
+    }
+}
+
+extension JournalError {
+    init(_ error: LedgerError) { self.init(error.description, isRetryable: error.isRetryable) }
+}
+
+extension JournalStep {
+    init(_ step: OutboxStep) {
+        let status: Status = switch step.status {
+        case .pending: .pending
+        case .done: .done
+        case .failed: .failed
+        }
+        self.init(index: step.index, kind: step.kind, action: step.action, status: status)
+    }
+}
+
+extension EventOutcome {
+    init(_ end: EventEnd) {
+        switch end {
+        case .processed: self = .processed
+        case .unresolved: self = .unresolved
+        case .failed: self = .failed
+        }
+    }
+}
+
+extension WardenMetrics: StepObserver {
+    public func failedForGood(_ what: String) { counter("warden_permanent_failures_total", [("what", what)]).increment() }
+    public func stepAnswered(kind: String, result: String) { step(kind: kind, result: result) }
+    public func outcomeDurable(since answeredAt: ContinuousClock.Instant) { stepRecordSeconds.recordElapsed(since: answeredAt) }
 }

@@ -1,3 +1,4 @@
+public import Invalidation
 public import Ledger
 
 /// A message from any door (Kafka, push, poll, replay), not yet verified.
@@ -31,14 +32,13 @@ public enum Disposition: Sendable, Equatable {
 ///
 /// Kafka finishes the message's offset; the push receiver answers the HTTP request; the poll
 /// client adds the `jti` to its next `ack` list; replay writes a report line.
-public protocol Acknowledgement: Sendable {
+///
+/// As an `ActionPermit`, it is asked before each action on a target made for the message (and
+/// the recording of its outcome): it refuses once the door has taken the message back (its
+/// Kafka partition was revoked). By default every action is permitted.
+public protocol Acknowledgement: ActionPermit {
     /// Called exactly once per record, when its outcome is durable, or with `.abandoned`.
     func settle(_ disposition: Disposition)
-    /// Called before each action on a target made for this message (and the recording of its
-    /// outcome): false when the door has taken the message back (its Kafka partition was
-    /// revoked), and then no action may start. Each true is followed by one `endAction()`.
-    func beginAction() -> Bool
-    func endAction()
 }
 
 extension Acknowledgement {

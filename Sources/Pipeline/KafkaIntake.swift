@@ -1,4 +1,5 @@
 import Foundation
+public import Invalidation
 public import Kafka
 import Ledger
 import SecurityEvents

@@ -45,9 +45,9 @@ public final class WardenMetrics: Sendable {
         (outcomes[outcome] ?? counter("warden_events_total", [("outcome", outcome)])).increment(by: count)
     }
     func verifyFailure(_ code: String) { counter("warden_verify_failures_total", [("err", code)]).increment() }
-    func deadLettered() { deadLetters.increment() }
+    public func deadLettered() { deadLetters.increment() }
     func step(kind: String, result: String) { counter("warden_steps_total", [("kind", kind), ("result", result)]).increment() }
-    func retried(_ reason: String) { counter("warden_retries_total", [("reason", reason)]).increment() }
+    public func retried(_ reason: String) { counter("warden_retries_total", [("reason", reason)]).increment() }
 }
 
 /// Metrics made once per name and labels.

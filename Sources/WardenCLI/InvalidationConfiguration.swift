@@ -3,7 +3,7 @@ import Foundation
 import Ledger
 public import Invalidation
 public import Logging
-public import Pipeline
+import Pipeline
 public import Redis
 import SecurityEvents
 import TokenVerification

@@ -113,12 +113,11 @@ struct Worker {
             configuration: .init(bootstrapServers: brokers, groupID: kafka.group, topics: [kafka.topic], properties: properties,
                                  maximumInFlight: kafka.maximumInFlight, commitInterval: kafka.commitInterval),
             logger: logger)
-        var processor = EventProcessor(verifier: verifier, ledger: ledger,
-                                       deadLetters: KafkaDeadLetters(producer: producer, topic: kafka.deadLetterTopic),
-                                       metrics: metrics, logger: logger, stop: StopSignal())
-        processor.parallelism = kafka.concurrency
         let engine = try configuration.invalidation.makeEngine(http: client, logger: logger)
-        processor.engine = engine.engine
+        let processor = EventProcessor(verifier: verifier, ledger: ledger,
+                                       deadLetters: KafkaDeadLetters(producer: producer, topic: kafka.deadLetterTopic),
+                                       metrics: metrics, logger: logger, stop: StopSignal(), engine: engine.engine,
+                                       configuration: .init(parallelism: kafka.concurrency))
         for target in configuration.invalidation.targets.keys.sorted() {
             announce("target \(target): \(configuration.invalidation.targets[target]!.summary)")
         }

@@ -1,3 +1,4 @@
+import Foundation
 @testable import Kafka
 import Synchronization
 import Testing
@@ -95,7 +96,7 @@ struct OffsetTrackerTests {
         let assignment = tracker.handedOut(p0, offset: 0)!
         #expect(assignment.beginWork())
         let ended = Atomic(false)
-        let revoking = Task.detached {
+        let revoking = onThread {
             defer { ended.store(true, ordering: .sequentiallyConsistent) }
             return assignment.revoke(waitingUpTo: 30)
         }
@@ -117,12 +118,22 @@ struct OffsetTrackerTests {
         let busy = PartitionAssignment(partition: p0, generation: 1)
         let idle = PartitionAssignment(partition: p1, generation: 2)
         #expect(busy.beginWork())
-        let revoking = Task.detached { PartitionAssignment.revoke([busy, idle], waitingUpTo: 30) }
+        let revoking = onThread { PartitionAssignment.revoke([busy, idle], waitingUpTo: 30) }
         // Both are marked before the wait for the busy one begins.
         while !idle.isRevoked { await Task.yield() }
         #expect(busy.isRevoked)
         #expect(idle.beginWork() == false && busy.beginWork() == false)
         busy.endWork()
         #expect(await revoking.value == 0)
+    }
+}
+
+/// Runs a blocking call (a revocation waits as librdkafka's callback thread does) on a thread of
+/// its own: blocking one of the few threads of the tasks' pool could starve the test itself.
+func onThread<T: Sendable>(_ body: @escaping @Sendable () -> T) -> Task<T, Never> {
+    Task {
+        await withCheckedContinuation { continuation in
+            Thread { continuation.resume(returning: body()) }.start()
+        }
     }
 }

@@ -62,12 +62,11 @@ struct CoreTests {
             let cacheB = IssuerKeyCache(issuer: CoreTests.issuerB, source: policyB.keySource, settings: policyB.keyCache,
                                         fetcher: fetcherB, clock: clock, logger: CoreTests.logger)
             let verifier = SETVerifier(issuers: [.init(policy: policyA, keys: cacheA), .init(policy: policyB, keys: cacheB)], clock: clock)
-            var processor = EventProcessor(verifier: verifier, ledger: ledger, deadLetters: deadLetters,
-                                           metrics: WardenMetrics(factory: NOOPMetricsHandler.instance), logger: CoreTests.logger, stop: stop)
-            processor.engine = InvalidationEngine(planner: Planner(policy: CoreTests.policy), resolver: IdentityResolver(), executor: executor)
-            processor.initialBackoff = 0.01
-            processor.maximumBackoff = 0.05
-            self.processor = processor
+            self.processor = EventProcessor(
+                verifier: verifier, ledger: ledger, deadLetters: deadLetters, metrics: WardenMetrics(factory: NOOPMetricsHandler.instance),
+                logger: CoreTests.logger, stop: stop,
+                engine: InvalidationEngine(planner: Planner(policy: CoreTests.policy), resolver: IdentityResolver(), executor: executor),
+                configuration: .init(retry: .init(initialBackoff: .milliseconds(10), maximumBackoff: .milliseconds(50))))
         }
 
         var pipeline: EventPipeline { EventPipeline(processor: processor) }

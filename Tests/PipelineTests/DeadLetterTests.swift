@@ -1,5 +1,6 @@
 import CoreMetrics
 import Foundation
+import Invalidation
 import Kafka
 import Ledger
 import Logging

@@ -86,19 +86,20 @@ final class MemoryLedger: Ledger {
         }
     }
 
-    func recordStep(_ index: Int, of eventID: Int64, status: StepStatus, detail: String, finishing: EventOutcome?)
-        async throws(LedgerError)
-    {
-        try write { (s: inout State) throws(LedgerError) in
-            guard let i = s.events.firstIndex(where: { $0.id == eventID }),
-                  let j = s.events[i].steps.firstIndex(where: { $0.index == index })
-            else { throw LedgerError(.conflict, "event \(eventID) has no step \(index)") }
-            guard s.events[i].steps[j].status == .pending else {
-                throw LedgerError(.conflict, "step \(index) of event \(eventID) is already recorded \(s.events[i].steps[j].status)")
+    func recordSteps(_ records: [RecordedStep]) async throws(LedgerError) -> [LedgerError?] {
+        try write { (s: inout State) throws(LedgerError) -> [LedgerError?] in
+            records.map { record -> LedgerError? in
+                guard let i = s.events.firstIndex(where: { $0.id == record.eventID }),
+                      let j = s.events[i].steps.firstIndex(where: { $0.index == record.index })
+                else { return LedgerError(.conflict, "event \(record.eventID) has no step \(record.index)") }
+                guard s.events[i].steps[j].status == .pending else {
+                    return LedgerError(.conflict, "step \(record.index) of event \(record.eventID) is already recorded \(s.events[i].steps[j].status)")
+                }
+                s.events[i].steps[j].status = record.status
+                s.events[i].steps[j].detail = record.detail
+                if let finishing = record.finishing { s.events[i].outcome = finishing }
+                return nil
             }
-            s.events[i].steps[j].status = status
-            s.events[i].steps[j].detail = detail
-            if let finishing { s.events[i].outcome = finishing }
         }
     }
 

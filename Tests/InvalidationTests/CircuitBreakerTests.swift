@@ -1,4 +1,4 @@
-@testable import Pipeline
+@testable import Invalidation
 import Synchronization
 import Testing
 
@@ -12,7 +12,7 @@ struct CircuitBreakerTests {
 
     @Test func opensAfterRepeatedFailuresTriesOnceAfterTheCooldownAndClosesOnSuccess() {
         let clock = Clock()
-        let breakers = CircuitBreakers(settings: .init(threshold: 3, cooldown: 10, maximumCooldown: 25), now: { clock.now })
+        let breakers = CircuitBreakers(settings: .init(threshold: 3, cooldown: .seconds(10), maximumCooldown: .seconds(25)), now: { clock.now })
         for _ in 0..<2 {
             #expect(breakers.allow("redis"))
             breakers.record("redis", reachable: false)
@@ -44,7 +44,7 @@ struct CircuitBreakerTests {
     // once; they do not push its cooldown towards the cap.
     @Test func failuresOfCallsInFlightWhenItOpenedDoNotLengthenTheCooldown() {
         let clock = Clock()
-        let breakers = CircuitBreakers(settings: .init(threshold: 5, cooldown: 5, maximumCooldown: 300), now: { clock.now })
+        let breakers = CircuitBreakers(settings: .init(threshold: 5, cooldown: .seconds(5), maximumCooldown: .seconds(300)), now: { clock.now })
         let calledAt = clock.now
         for _ in 0..<76 { #expect(breakers.allow("revoke")) }
         clock.advance(0.2)

@@ -6,11 +6,19 @@ import Synchronization
 /// then one call is let through to try it. Events meanwhile wait — nothing is dropped. The
 /// breaker also tells whether a target has succeeded since a moment, so an event the target
 /// keeps refusing while serving others can be told from a target that is down.
-final class CircuitBreakers: Sendable {
-    struct Settings: Sendable {
-        var threshold = 5
-        var cooldown: Double = 5
-        var maximumCooldown: Double = 300
+public final class CircuitBreakers: Sendable {
+    public struct Settings: Sendable {
+        /// Retryable failures in a row that open a target's breaker.
+        public var threshold: Int
+        /// How long an open breaker first rests its target, and the longest it rests it.
+        public var cooldown: Duration
+        public var maximumCooldown: Duration
+
+        public init(threshold: Int = 5, cooldown: Duration = .seconds(5), maximumCooldown: Duration = .seconds(300)) {
+            self.threshold = threshold
+            self.cooldown = cooldown
+            self.maximumCooldown = maximumCooldown
+        }
     }
 
     private struct Breaker {
@@ -29,12 +37,16 @@ final class CircuitBreakers: Sendable {
         }
     }
 
-    let settings: Settings
+    let threshold: Int
+    let cooldown: Double
+    let maximumCooldown: Double
     private let now: @Sendable () -> Double
     private let breakers = Mutex<[String: Breaker]>([:])
 
     init(settings: Settings = Settings(), now: @escaping @Sendable () -> Double = { Date().timeIntervalSince1970 }) {
-        self.settings = settings
+        self.threshold = settings.threshold
+        self.cooldown = settings.cooldown.timeInterval
+        self.maximumCooldown = settings.maximumCooldown.timeInterval
         self.now = now
     }
 
@@ -42,7 +54,7 @@ final class CircuitBreakers: Sendable {
     func allow(_ target: String) -> Bool {
         let t = now()
         return breakers.withLock { all in
-            var b = all[target] ?? Breaker(cooldown: settings.cooldown)
+            var b = all[target] ?? Breaker(cooldown: cooldown)
             defer { all[target] = b }
             guard let until = b.openUntil else { return true }
             if t < until || b.trialInFlight { return false }
@@ -58,22 +70,22 @@ final class CircuitBreakers: Sendable {
     func record(_ target: String, reachable: Bool, calledAt: Double? = nil) {
         let t = now()
         breakers.withLock { all in
-            var b = all[target] ?? Breaker(cooldown: settings.cooldown)
+            var b = all[target] ?? Breaker(cooldown: cooldown)
             defer { all[target] = b }
             if reachable {
-                b = Breaker(cooldown: settings.cooldown, lastSuccess: t)
+                b = Breaker(cooldown: cooldown, lastSuccess: t)
                 return
             }
             if b.openUntil != nil {
                 if let calledAt, calledAt < b.openedAt { return }
                 b.trialInFlight = false
-                b.cooldown = min(settings.maximumCooldown, b.cooldown * 2)
+                b.cooldown = min(maximumCooldown, b.cooldown * 2)
                 b.openUntil = t + b.cooldown
                 b.openedAt = t
                 return
             }
             b.failures += 1
-            if b.failures >= settings.threshold {
+            if b.failures >= threshold {
                 b.openUntil = t + b.cooldown
                 b.openedAt = t
             }
@@ -99,4 +111,12 @@ final class CircuitBreakers: Sendable {
     }
 
     var currentTime: Double { now() }
+}
+
+extension Duration {
+    /// The duration in seconds, as a `Double`.
+    public var timeInterval: Double {
+        let (s, attoseconds) = components
+        return Double(s) + Double(attoseconds) / 1e18
+    }
 }

@@ -1,0 +1,535 @@
+import Foundation
+public import Logging
+import Synchronization
+
+/// What acts on verified events: the planner (policy), subject resolution, and the executor
+/// that runs steps on targets.
+public struct InvalidationEngine: Sendable {
+    public var planner: Planner
+    public var resolver: any SubjectResolver
+    public var executor: any StepExecutor
+
+    public init(planner: Planner, resolver: any SubjectResolver, executor: any StepExecutor) {
+        self.planner = planner
+        self.resolver = resolver
+        self.executor = executor
+    }
+
+    /// Records events and acts on none: an empty policy.
+    public static let recordOnly = InvalidationEngine(planner: Planner(policy: Policy()), resolver: IdentityResolver(),
+                                                      executor: NoTargets())
+
+    struct NoTargets: StepExecutor {
+        func execute(_ action: StepAction, context: StepContext) async -> StepOutcome { .failed("no targets are configured") }
+    }
+}
+
+// MARK: - The journal
+
+/// Where an event's steps and their outcomes are kept (the ledger's outbox): what the step
+/// runner reads and records. Every outcome is recorded before the event's message is
+/// acknowledged, so a step answered is never made again after a crash.
+public protocol StepJournal: Sendable {
+    /// An event's steps in order, with their status.
+    func steps(ofEvent eventID: Int64) async throws(JournalError) -> [JournalStep]
+    /// Takes, or renews, the right to run an event's steps for `seconds`; whether `owner`
+    /// holds it now. Two processes never run one event's steps at once.
+    func lease(event eventID: Int64, owner: String, seconds: Double) async throws(JournalError) -> Bool
+    /// Records the outcomes of steps of any events, in one write. Only a pending step is
+    /// recorded: for each outcome, nil when it was recorded, or why it was not (the step was
+    /// recorded already, by another owner of its event).
+    func record(_ outcomes: [StepRecord]) async throws(JournalError) -> [JournalError?]
+    /// Records an event's outcome (when its last step's record did not).
+    func finish(event eventID: Int64, outcome: EventEnd) async throws(JournalError)
+}
+
+/// One step of an event as the journal keeps it.
+public struct JournalStep: Sendable, Equatable {
+    public enum Status: String, Sendable { case pending, done, failed }
+
+    public var index: Int
+    /// `purge-set`, `revoke-tokens`, … (for reports and metrics).
+    public var kind: String
+    /// The step as planned, every placeholder filled (`PlannedStep.encoded`).
+    public var action: String
+    public var status: Status
+
+    public init(index: Int, kind: String, action: String, status: Status = .pending) {
+        self.index = index
+        self.kind = kind
+        self.action = action
+        self.status = status
+    }
+}
+
+/// The outcome of one step, to be recorded.
+public struct StepRecord: Sendable, Equatable {
+    public var eventID: Int64
+    public var index: Int
+    /// Done, or failed for good.
+    public var failed: Bool
+    /// What the target said (done: what it did; failed: why).
+    public var detail: String
+    /// With an event's last step: the event's outcome, recorded in the same write.
+    public var finishing: EventEnd?
+
+    public init(eventID: Int64, index: Int, failed: Bool, detail: String, finishing: EventEnd?) {
+        self.eventID = eventID
+        self.index = index
+        self.failed = failed
+        self.detail = detail
+        self.finishing = finishing
+    }
+}
+
+/// How an event's steps ended.
+public enum EventEnd: String, Sendable {
+    /// Every step is done.
+    case processed
+    /// Every step planned is done, but the subject named no local user, so steps that need
+    /// one were not planned.
+    case unresolved
+    /// A step failed for good (dead-lettered); the others still ran.
+    case failed
+}
+
+/// Why the journal could not do what it was asked, and whether asking again can help.
+public struct JournalError: Error, Sendable, CustomStringConvertible {
+    public var description: String
+    public var isRetryable: Bool
+
+    public init(_ description: String, isRetryable: Bool) {
+        self.description = description
+        self.isRetryable = isRetryable
+    }
+}
+
+/// The right to act for a message, asked before each call to a target and the recording of its
+/// outcome: a door refuses it once it has taken the message back (a Kafka partition revoked),
+/// and waits for the actions under way before it lets the message go.
+public protocol ActionPermit: Sendable {
+    /// False when no action may start for the message. Each true is followed by one `endAction()`.
+    func beginAction() -> Bool
+    func endAction()
+}
+
+/// An event whose steps are to run.
+public struct EventSteps: Sendable {
+    public var eventID: Int64
+    /// The steps to run (a new event's, all pending), or nil to read them from the journal when
+    /// their turn comes (a redelivery: a crash may have left some pending).
+    public var steps: [JournalStep]?
+    /// The steps as planned (a new event's); a resumed one's are read from their journal text.
+    public var planned: [PlannedStep]
+    public var context: StepContext
+    /// The event's outcome when every step is done.
+    public var outcomeIfDone: EventEnd
+    /// Until when this process holds the event's lease (taken with its claim); 0 if not.
+    public var leasedUntil: Double
+    /// What a failed step's dead letter carries: the message as received, and where it came from.
+    public var message: [UInt8]
+    public var source: String
+    public var permit: any ActionPermit
+
+    public init(eventID: Int64, steps: [JournalStep]?, planned: [PlannedStep], context: StepContext, outcomeIfDone: EventEnd,
+                leasedUntil: Double, message: [UInt8], source: String, permit: any ActionPermit) {
+        self.eventID = eventID
+        self.steps = steps
+        self.planned = planned
+        self.context = context
+        self.outcomeIfDone = outcomeIfDone
+        self.leasedUntil = leasedUntil
+        self.message = message
+        self.source = source
+        self.permit = permit
+    }
+}
+
+extension PlannedStep {
+    /// The step as the journal keeps it: JSON text.
+    public var encoded: String {
+        // A PlannedStep holds only strings, numbers and arrays of them: encoding cannot fail.
+        String(decoding: (try? JSONEncoder().encode(self)) ?? Data(), as: UTF8.self)
+    }
+
+    public init?(encoded text: String) {
+        guard let step = try? JSONDecoder().decode(PlannedStep.self, from: Data(text.utf8)) else { return nil }
+        self = step
+    }
+}
+
+// MARK: - The runner
+
+/// Runs events' steps on their targets and records each outcome in the journal.
+///
+/// - A target that fails again and again is left alone by its circuit breaker; events wait,
+///   nothing is dropped. A target's `Retry-After` is honoured (up to five minutes).
+/// - A step its target keeps refusing while it serves other events is failed after
+///   `maximumAttempts` and dead-lettered; the event's other steps still run.
+/// - The event's lease keeps two processes from running its steps at once; recording checks the
+///   step is still pending.
+/// - Steps of many events run at once (one task each), so their calls to one target share round
+///   trips (the Redis client pipelines concurrent requests) and their outcomes share ledger
+///   writes: concurrent outcomes are recorded in one write.
+public struct StepRunner: Sendable {
+    public struct Configuration: Sendable {
+        /// Attempts at a step that its target keeps refusing with a retryable answer while it
+        /// serves other events; then the step is failed and dead-lettered. Attempts made while
+        /// the target is down (no success from it meanwhile) are not counted: those events wait.
+        public var maximumAttempts: Int
+        /// How long a lease on an event's steps lasts; renewed while its steps run.
+        public var lease: Duration
+        /// Who this process is when it leases an event's steps.
+        public var owner: String
+        public var breakers: CircuitBreakers.Settings
+
+        public init(maximumAttempts: Int = 10, lease: Duration = .seconds(10), owner: String = StepRunner.processName,
+                    breakers: CircuitBreakers.Settings = .init()) {
+            self.maximumAttempts = maximumAttempts
+            self.lease = lease
+            self.owner = owner
+            self.breakers = breakers
+        }
+    }
+
+    /// This process, as a lease owner: host, process id and a random part.
+    public static let processName =
+        "\(ProcessInfo.processInfo.hostName)/\(ProcessInfo.processInfo.processIdentifier)/\(UUID().uuidString.prefix(8))"
+
+    public let configuration: Configuration
+    let executor: any StepExecutor
+    let journal: any StepJournal
+    let deadLetters: any DeadLetterSink
+    let persistence: Persistence
+    let breakers: CircuitBreakers
+    let outcomes: OutcomeWriter
+    let logger: Logger
+
+    var observer: any StepObserver { persistence.observer }
+    var leaseSeconds: Double { configuration.lease.timeInterval }
+
+    public init(configuration: Configuration = .init(), executor: any StepExecutor, journal: any StepJournal,
+                deadLetters: any DeadLetterSink, persistence: Persistence, logger: Logger) {
+        self.configuration = configuration
+        self.executor = executor
+        self.journal = journal
+        self.deadLetters = deadLetters
+        self.persistence = persistence
+        self.breakers = CircuitBreakers(settings: configuration.breakers)
+        self.outcomes = OutcomeWriter(journal: journal, persistence: persistence)
+        self.logger = logger
+    }
+
+    /// Gives up this process's lease on an event at once (its steps are left for the next
+    /// delivery), so the next owner does not wait for it to run out.
+    public func release(event eventID: Int64) async {
+        _ = try? await journal.lease(event: eventID, owner: configuration.owner, seconds: 0)
+    }
+
+    /// Runs an event's pending steps in order and records each outcome, then the event's.
+    /// A step that fails for good is dead-lettered with its reason, and the others still run.
+    /// Returns nil when the process stops first, or the door takes the message back.
+    public func run(_ event: EventSteps) async -> EventEnd? {
+        var outcomeIfDone = event.outcomeIfDone
+        let steps: [JournalStep]
+        if let known = event.steps {
+            steps = known
+        } else {
+            // A redelivery: its steps are read now, in its turn in the subject's lane, so steps
+            // the delivery before it finished meanwhile are not run again.
+            guard let recorded = await persistence.retrying("ledger", {
+                try await journal.steps(ofEvent: event.eventID)
+            }) else { return nil }
+            if recorded.contains(where: { $0.status == .failed }) { outcomeIfDone = .failed }
+            steps = recorded.filter { $0.status == .pending }
+            // Nothing left: the delivery before finished the event and recorded its outcome.
+            if steps.isEmpty { return outcomeIfDone }
+        }
+        var lease = Lease(runner: self, eventID: event.eventID, until: event.leasedUntil)
+        var failed = outcomeIfDone == .failed
+        var finished = false
+        for step in steps {
+            let isLast = step.index == steps.last?.index
+            let planned = event.planned.first(where: { $0.index == step.index }) ?? PlannedStep(encoded: step.action)
+            switch await run(step, planned, of: event, isLast: isLast, failedSoFar: failed, lease: &lease) {
+            case .recorded(let stepFailed):
+                if stepFailed { failed = true }
+                finished = isLast
+            case .stopped:
+                return nil
+            }
+        }
+        let outcome: EventEnd = failed ? .failed : outcomeIfDone
+        if !finished {
+            guard await persistence.retrying("ledger", {
+                try await journal.finish(event: event.eventID, outcome: outcome)
+            }) != nil else { return nil }
+        }
+        logger.info("event's steps finished", metadata: [
+            "warden.event_id": "\(event.eventID)", "warden.outcome": "\(outcome.rawValue)", "warden.source": "\(event.source)",
+        ])
+        return outcome
+    }
+
+    /// What one step came to.
+    private enum StepEnd {
+        /// Its outcome is recorded (by this process, or by the lease's previous holder).
+        case recorded(failed: Bool)
+        /// The process is stopping, or the message was taken back.
+        case stopped
+    }
+
+    /// What one attempt at a step came to.
+    private enum Attempt {
+        case recorded(failed: Bool)
+        /// Run it again after this many seconds.
+        case retry(after: Double)
+        case stopped
+    }
+
+    private func run(_ step: JournalStep, _ planned: PlannedStep?, of event: EventSteps, isLast: Bool, failedSoFar: Bool,
+                     lease: inout Lease) async -> StepEnd {
+        let finishing: (Bool) -> EventEnd? = { stepFailed in
+            isLast ? (failedSoFar || stepFailed ? .failed : event.outcomeIfDone) : nil
+        }
+        guard let planned else {
+            // Cannot happen with this version's ledger; refuse to guess what to do.
+            let record = StepRecord(eventID: event.eventID, index: step.index, failed: true,
+                                    detail: "the step in the ledger cannot be read", finishing: finishing(true))
+            return await outcomes.write(record) ? .recorded(failed: true) : .stopped
+        }
+        var context = event.context
+        context.eventType = planned.eventType
+        var attempt = 0, refusals = 0
+        var previousCall: Double? = nil
+        let target = planned.action.targets.first ?? planned.action.store.map { "store:" + $0 } ?? step.kind
+        let about: Logger.Metadata = [
+            "warden.event_id": "\(event.eventID)", "warden.step": "\(step.index)", "warden.kind": "\(step.kind)",
+            "warden.target": "\(target)",
+        ]
+        let stop = persistence.stop
+        while true {
+            guard breakers.allow(target) else {
+                // The target is resting after repeated failures: wait without calling it, and
+                // look again soon, so events flow as soon as the trial call succeeds.
+                observer.retried("circuit_open")
+                guard await stop.pause(breakers.retryDelay(target)) else { return .stopped }
+                continue
+            }
+            // The lease first, outside the action: waiting for another owner's lease must not
+            // hold up a revocation.
+            switch await lease.hold() {
+            case .stopped:
+                return .stopped
+            case .held(let waited):
+                if waited {
+                    // The lease's last holder may have recorded this step meanwhile.
+                    guard let current = await persistence.retrying("ledger", {
+                        try await journal.steps(ofEvent: event.eventID)
+                    }) else { return .stopped }
+                    if let recorded = current.first(where: { $0.index == step.index }), recorded.status != .pending {
+                        return .recorded(failed: recorded.status == .failed)
+                    }
+                }
+            }
+            // The call and the recording of its outcome are one action for the door: a Kafka
+            // partition's revocation waits for it to end, and none starts once the door has
+            // taken the message back (its next owner runs the step).
+            guard event.permit.beginAction() else {
+                logger.notice("message taken back by its door; its steps are left to the next owner",
+                              metadata: ["warden.event_id": "\(event.eventID)", "warden.source": "\(event.source)"])
+                return .stopped
+            }
+            let next: Attempt = await {
+                defer { event.permit.endAction() }
+                let calledAt = breakers.currentTime
+                var outcome = await executor.execute(planned.action, context: context)
+                if case .retry = outcome {
+                    breakers.record(target, reachable: false, calledAt: calledAt)
+                    // The target answered someone else since our last try, yet not us: this
+                    // event, not the target, is the problem.
+                    if let previousCall, breakers.succeeded(target, since: previousCall) { refusals += 1 }
+                    previousCall = calledAt
+                    if refusals >= configuration.maximumAttempts, case .retry(let reason, _) = outcome {
+                        outcome = .failed("gave up after \(refusals) attempts while the target served other events: \(reason)")
+                    }
+                } else {
+                    breakers.record(target, reachable: true)
+                }
+                observer.stepAnswered(kind: step.kind, result: outcome.result)
+                let answeredAt = ContinuousClock.now
+                switch outcome {
+                case .done(let detail):
+                    logger.info("step done", metadata: about.merging(["warden.detail": "\(detail)"]) { $1 })
+                    let record = StepRecord(eventID: event.eventID, index: step.index, failed: false, detail: detail,
+                                            finishing: finishing(false))
+                    guard await outcomes.write(record) else { return .stopped }
+                    observer.outcomeDurable(since: answeredAt)
+                    return .recorded(failed: false)
+                case .failed(let reason):
+                    logger.critical("step failed permanently; dead-lettered", metadata: about.merging(["warden.reason": "\(reason)"]) { $1 })
+                    let description = "\(step.kind) step \(step.index) failed: \(reason)"
+                    let sent = await persistence.attempting("dead-letter") {
+                        try await deadLetters.deadLetter(value: event.message, code: "step-failed", description: description,
+                                                         source: event.source)
+                    }
+                    switch sent {
+                    case .stopped: return .stopped
+                    case .done: observer.deadLettered()
+                    case .refused: break  // kept in the ledger only: the step is recorded failed below
+                    }
+                    let record = StepRecord(eventID: event.eventID, index: step.index, failed: true, detail: reason,
+                                            finishing: finishing(true))
+                    guard await outcomes.write(record) else { return .stopped }
+                    observer.outcomeDurable(since: answeredAt)
+                    return .recorded(failed: true)
+                case .retry(let reason, let after):
+                    observer.retried("step")
+                    logger.warning("step will be retried", metadata: about.merging([
+                        "warden.reason": "\(reason)", "warden.attempt": "\(attempt)",
+                    ]) { $1 })
+                    // While the target is down its breaker paces the calls: a step's own backoff
+                    // stays short, so the step runs again within seconds of the target's return.
+                    let initial = persistence.timing.initialBackoff.timeInterval
+                    return .retry(after: after.map { min(max($0, initial), 300) }
+                        ?? (breakers.isOpen(target) ? initial : persistence.backoff(attempt)))
+                }
+            }()
+            switch next {
+            case .recorded(let failed):
+                return .recorded(failed: failed)
+            case .stopped:
+                return .stopped
+            case .retry(let wait):
+                // Waiting outside the action: a revocation does not wait for the pause.
+                guard await stop.pause(wait) else { return .stopped }
+                attempt += 1
+            }
+        }
+    }
+
+    /// This process's lease on one event's steps. While another holds it, `hold` waits;
+    /// it renews the lease once a third of it is left.
+    private struct Lease {
+        enum Held { case held(waited: Bool), stopped }
+
+        let runner: StepRunner
+        let eventID: Int64
+        var until: Double
+
+        mutating func hold() async -> Held {
+            let seconds = runner.leaseSeconds, journal = runner.journal, owner = runner.configuration.owner, eventID = self.eventID
+            var waited = false
+            while true {
+                let now = Date().timeIntervalSince1970
+                guard now > until - seconds / 3 else { return .held(waited: waited) }
+                guard let granted = await runner.persistence.retrying("ledger", {
+                    try await journal.lease(event: eventID, owner: owner, seconds: seconds)
+                }) else { return .stopped }
+                if granted {
+                    until = now + seconds
+                    return .held(waited: waited)
+                }
+                if !waited {
+                    runner.logger.notice("another owner runs this event's steps; waiting for its lease",
+                                         metadata: ["warden.event_id": "\(eventID)"])
+                }
+                waited = true
+                runner.observer.retried("lease")
+                guard await runner.persistence.stop.pause(min(1, seconds / 3)) else { return .stopped }
+            }
+        }
+    }
+}
+
+/// Records the outcomes of steps answered at about the same time in one journal write: the
+/// first caller writes every outcome waiting, then whatever arrived during its write, until none
+/// is left; the others wait for their answer.
+final class OutcomeWriter: Sendable {
+    private struct State {
+        var waiting: [(id: Int, record: StepRecord)] = []
+        var writing = false
+        var answers: [Int: Bool] = [:]
+        var waiters: [Int: CheckedContinuation<Bool, Never>] = [:]
+        var next = 0
+    }
+
+    private let journal: any StepJournal
+    private let persistence: Persistence
+    private let state = Mutex(State())
+
+    init(journal: any StepJournal, persistence: Persistence) {
+        self.journal = journal
+        self.persistence = persistence
+    }
+
+    /// Outcomes waiting for the next write (tests).
+    var waitingCount: Int { state.withLock { $0.waiting.count } }
+
+    /// Records `record`; true once it is durable, false when the process stopped first or the
+    /// step could not be recorded (recorded already by another owner, or refused for good):
+    /// then the event is left for its next delivery.
+    func write(_ record: StepRecord) async -> Bool {
+        let (id, leads) = state.withLock { s -> (Int, Bool) in
+            let id = s.next
+            s.next += 1
+            s.waiting.append((id, record))
+            defer { s.writing = true }
+            return (id, !s.writing)
+        }
+        if leads { await writeWaiting() }
+        return await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
+            let answer = state.withLock { s -> Bool? in
+                if let answer = s.answers.removeValue(forKey: id) { return answer }
+                s.waiters[id] = continuation
+                return nil
+            }
+            if let answer { continuation.resume(returning: answer) }
+        }
+    }
+
+    /// Writes `records` in one write; when the journal refuses it for good, one by one, so a
+    /// record it can never hold does not keep the others from being recorded.
+    private func write(_ records: [StepRecord]) async -> [Bool] {
+        switch await persistence.attempting("ledger", { try await journal.record(records) }) {
+        case .done(let refusals) where refusals.count == records.count:
+            return refusals.map { refusal in
+                if let refusal { persistence.logger.notice("step not recorded", metadata: ["warden.reason": "\(refusal)"]) }
+                return refusal == nil
+            }
+        case .done, .stopped:
+            return Array(repeating: false, count: records.count)
+        case .refused where records.count > 1:
+            var answers: [Bool] = []
+            for record in records { answers += await write([record]) }
+            return answers
+        case .refused:
+            return [false]
+        }
+    }
+
+    /// Writes what waits, round after round, until nothing does.
+    private func writeWaiting() async {
+        while true {
+            let batch = state.withLock { s -> [(id: Int, record: StepRecord)] in
+                defer { s.waiting = [] }
+                if s.waiting.isEmpty { s.writing = false }
+                return s.waiting
+            }
+            guard !batch.isEmpty else { return }
+            let answers = await write(batch.map(\.record))
+            let resumed = state.withLock { s -> [(CheckedContinuation<Bool, Never>, Bool)] in
+                var resumed: [(CheckedContinuation<Bool, Never>, Bool)] = []
+                for (entry, answer) in zip(batch, answers) {
+                    if let waiter = s.waiters.removeValue(forKey: entry.id) {
+                        resumed.append((waiter, answer))
+                    } else {
+                        s.answers[entry.id] = answer
+                    }
+                }
+                return resumed
+            }
+            for (waiter, answer) in resumed { waiter.resume(returning: answer) }
+        }
+    }
+}
