@@ -51,29 +51,22 @@ public struct KafkaConsumerConfiguration: Sendable {
 /// State shared by the poll thread, librdkafka's rebalance callback (which runs on the poll
 /// thread) and the tasks that finish messages.
 final class ConsumerState: Sendable {
-    struct Control {
-        var stopFetching = false
-        var closing = false
-        var paused = false
-        var joined = false
-        /// The poll thread waits on `room` for a message to finish.
-        var waitingForRoom = false
-    }
-
     let tracker = Mutex(OffsetTracker())
-    let control = Mutex(Control())
-    let maximumInFlight: Int
+    /// The lifecycle: what the poll thread does next.
+    let machine: Mutex<ConsumerStateMachine>
     let revocationGrace: Double
     /// Signalled when a message finishes while the poll thread waits for room.
     let room = DispatchSemaphore(value: 0)
+    /// Whether the poll thread waits on `room` (so finishing messages signal it only then).
+    let waitingForRoom = Atomic(false)
 
     /// Wakes the poll thread if it waits for room.
     func madeRoom() {
-        if control.withLock({ c in defer { c.waitingForRoom = false }; return c.waitingForRoom }) { room.signal() }
+        if waitingForRoom.exchange(false, ordering: .acquiringAndReleasing) { room.signal() }
     }
 
     init(maximumInFlight: Int, revocationGrace: Double) {
-        self.maximumInFlight = maximumInFlight
+        self.machine = Mutex(ConsumerStateMachine(maximumInFlight: maximumInFlight))
         self.revocationGrace = revocationGrace
     }
 }
@@ -156,19 +149,16 @@ public final class KafkaConsumer: Sendable {
     /// Stops handing out messages (the stream ends) while staying in the group, so in-flight
     /// work can finish and be committed.
     public func stopFetching() {
-        state.control.withLock { $0.stopFetching = true }
+        state.machine.withLock { $0.stopFetching() }
     }
 
     /// Commits what is finished, leaves the group and ends `run()`.
     public func close() {
-        state.control.withLock {
-            $0.stopFetching = true
-            $0.closing = true
-        }
+        state.machine.withLock { $0.close() }
     }
 
     /// Whether the member has received an assignment (possibly empty) from its group.
-    public var hasJoinedGroup: Bool { state.control.withLock { $0.joined } }
+    public var hasJoinedGroup: Bool { state.machine.withLock { $0.joined } }
 
     /// Per assigned partition: the offset last committed and the messages still in flight.
     public func partitionStatus() -> [(partition: TopicPartition, committed: Int64?, inFlight: Int)] {
@@ -182,66 +172,64 @@ public final class KafkaConsumer: Sendable {
     private func pollLoop() -> String? {
         let rk = client.handle
         var lastCommit = Date()
-        var streamOpen = true
-        var blockedSince: Date? = nil
         while true {
             if let fatal = client.fatalError {
+                state.machine.withLock { $0.failed() }
                 continuation.finish()
                 rd_kafka_consumer_close(rk)
                 return fatal
             }
-            let control = state.control.withLock { $0 }
-            if control.closing { break }
-            if control.stopFetching, streamOpen {
-                continuation.finish()
-                streamOpen = false
-            }
-            // Backpressure. A short wait does not poll (librdkafka keeps what it prefetched);
-            // only a long one pauses the partitions, which drops the prefetched messages but lets
-            // polling go on, so the member stays in its group.
             let inFlight = state.tracker.withLock { $0.inFlight }
-            if control.stopFetching || inFlight >= state.maximumInFlight {
-                let since = blockedSince ?? Date()
-                blockedSince = since
-                if !control.paused, control.stopFetching || Date().timeIntervalSince(since) >= Self.pauseAfter {
-                    setPaused(true)
-                }
-                if !control.paused {
-                    // Wait for room (a finished message wakes this), committing meanwhile.
-                    state.control.withLock { $0.waitingForRoom = true }
-                    _ = state.room.wait(timeout: .now() + .milliseconds(100))
-                    commitIfDue(&lastCommit)
-                    continue
-                }
-            } else {
-                blockedSince = nil
-                if control.paused, inFlight <= state.maximumInFlight / 2 { setPaused(false) }
+            switch state.machine.withLock({ $0.next(inFlight: inFlight, now: Date().timeIntervalSince1970) }) {
+            case .finishStream:
+                continuation.finish()
+            case .pause:
+                setPaused(true)
+            case .resume:
+                setPaused(false)
+            case .waitForRoom:
+                // A finished message wakes this; commits go on meanwhile.
+                state.waitingForRoom.store(true, ordering: .releasing)
+                _ = state.room.wait(timeout: .now() + .milliseconds(100))
+                commitIfDue(&lastCommit)
+            case .poll(let deliver):
+                poll(deliver: deliver)
+                commitIfDue(&lastCommit)
+            case .leave(let finishStream):
+                if finishStream { continuation.finish() }
+                leave()
+                return nil
+            case .exit:
+                return nil
             }
-
-            // One blocking poll, then whatever else is ready, handed out as one batch.
-            var owned: [KafkaMessage] = []
-            var timeout: Int32 = 100
-            while owned.count < Self.maximumBatch, let message = rd_kafka_consumer_poll(rk, timeout) {
-                // Each message is tagged with its partition's assignment right after the poll
-                // that returned it: a rebalance callback runs inside a poll, so a later poll of
-                // this round may revoke (and reassign) the partition, and then this message
-                // belongs to the earlier assignment. A message of a partition no longer
-                // assigned is not handed out.
-                if var m = convert(message, deliver: streamOpen),
-                   let assignment = state.tracker.withLock({ $0.handedOut(TopicPartition(m.topic, m.partition), offset: m.offset) }) {
-                    m.assignment = assignment
-                    owned.append(m)
-                }
-                rd_kafka_message_destroy(message)
-                timeout = 0
-            }
-            if !owned.isEmpty { continuation.yield(owned) }
-            commitIfDue(&lastCommit)
         }
-        if streamOpen { continuation.finish() }
+    }
+
+    /// One blocking poll, then whatever else is ready, handed out as one batch (when `deliver`).
+    private func poll(deliver: Bool) {
+        var owned: [KafkaMessage] = []
+        var timeout: Int32 = 100
+        while owned.count < Self.maximumBatch, let message = rd_kafka_consumer_poll(client.handle, timeout) {
+            // Each message is tagged with its partition's assignment right after the poll that
+            // returned it: a rebalance callback runs inside a poll, so a later poll of this round
+            // may revoke (and reassign) the partition, and then this message belongs to the
+            // earlier assignment. A message of a partition no longer assigned is not handed out.
+            if var m = convert(message, deliver: deliver),
+               let assignment = state.tracker.withLock({ $0.handedOut(TopicPartition(m.topic, m.partition), offset: m.offset) }) {
+                m.assignment = assignment
+                owned.append(m)
+            }
+            rd_kafka_message_destroy(message)
+            timeout = 0
+        }
+        if !owned.isEmpty { continuation.yield(owned) }
+    }
+
+    /// Commits what is finished and leaves the group.
+    private func leave() {
         commit(synchronously: true)
         // Leaving the group runs the revoke callback, which commits once more.
-        let err = rd_kafka_consumer_close(rk)
+        let err = rd_kafka_consumer_close(client.handle)
         if err != RD_KAFKA_RESP_ERR_NO_ERROR {
             logger.warning("Kafka consumer close reported an error", metadata: ["kafka.error": "\(String(cString: rd_kafka_err2name(err)))"])
         }
@@ -249,12 +237,8 @@ public final class KafkaConsumer: Sendable {
         // but never got its first assignment (its assignor state is still NULL; fixed upstream
         // in 2.3.0): a worker sent SIGTERM during a rebalance died with SIGABRT. Such a handle
         // is left to the exiting process instead of being destroyed.
-        if !state.control.withLock({ $0.joined }) { client.leaveUndestroyed() }
-        return nil
+        if !state.machine.withLock({ $0.joined }) { client.leaveUndestroyed() }
     }
-
-    /// How long fetching may be blocked on in-flight work before the partitions are paused.
-    static let pauseAfter: Double = 5
 
     private func commitIfDue(_ lastCommit: inout Date) {
         if Date().timeIntervalSince(lastCommit) >= configuration.commitInterval {
@@ -269,7 +253,6 @@ public final class KafkaConsumer: Sendable {
         guard rd_kafka_assignment(rk, &assignment) == RD_KAFKA_RESP_ERR_NO_ERROR, let assignment else { return }
         defer { rd_kafka_topic_partition_list_destroy(assignment) }
         _ = pause ? rd_kafka_pause_partitions(rk, assignment) : rd_kafka_resume_partitions(rk, assignment)
-        state.control.withLock { $0.paused = pause }
         logger.debug(pause ? "paused fetching" : "resumed fetching", metadata: ["kafka.partitions": "\(assignment.pointee.cnt)"])
     }
 
@@ -364,11 +347,7 @@ private let rebalanceCallback: @convention(c) (OpaquePointer?, rd_kafka_resp_err
         } else {
             rd_kafka_assign(rk, list)
         }
-        let paused = state.control.withLock { control -> Bool in
-            control.joined = true
-            return control.paused
-        }
-        if paused { rd_kafka_pause_partitions(rk, list) }
+        if state.machine.withLock({ $0.assigned() }) { rd_kafka_pause_partitions(rk, list) }
         context.logger.info("partitions assigned", metadata: ["kafka.partitions": "\(changed.map(\.description).joined(separator: ","))"])
     case RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS:
         // First the work under way for these partitions stops (no new call to a target starts,
