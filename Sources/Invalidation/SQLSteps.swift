@@ -9,7 +9,7 @@ public import SecurityEvents
 /// parameters) or SQLite (`?` parameters). Values are always bound, never spliced into the text.
 public final class SQLTarget: Sendable {
     enum Storage: Sendable {
-        case postgres(PostgresClient, Task<Void, Never>)
+        case postgres(PostgresClient)
         case sqlite(DatabaseQueue)
     }
 
@@ -39,7 +39,7 @@ public final class SQLTarget: Sendable {
         case .failure(let error): throw TargetSettingsError("expected sqlite:PATH or a PostgreSQL URL: \(error.message)")
         }
         let client = parsed.makeClient(maximumConnections: 4, logger: logger)
-        storage = .postgres(client, Task { await client.run() })
+        storage = .postgres(client)
         summary = parsed.description
     }
 
@@ -64,7 +64,7 @@ public final class SQLTarget: Sendable {
             } catch {
                 throw Failure(message: "SQLite: \(error)", retryable: true)
             }
-        case .postgres(let client, _):
+        case .postgres(let client):
             let logger = self.logger
             do {
                 return try await Self.withinTimeout { () async throws -> String in
@@ -88,7 +88,7 @@ public final class SQLTarget: Sendable {
             } catch {
                 throw Failure(message: "SQLite: \(error)", retryable: false)
             }
-        case .postgres(let client, _):
+        case .postgres(let client):
             let logger = self.logger
             do {
                 return try await Self.withinTimeout { () async throws -> String? in
@@ -103,11 +103,10 @@ public final class SQLTarget: Sendable {
         }
     }
 
-    public func close() async {
-        if case .postgres(_, let running) = storage {
-            running.cancel()
-            await running.value
-        }
+    /// Runs a PostgreSQL database's connection pool until the task is cancelled or the service
+    /// group shuts down (every statement waits for it); returns at once for SQLite.
+    public func run() async {
+        if case .postgres(let client) = storage { await client.run() }
     }
 
     /// A statement that gets no answer within this many seconds (the server down: the pool

@@ -6,22 +6,32 @@ import PostgresNIO
 /// The ledger in PostgreSQL, shared by every replica: the unique (issuer, jti) constraint is the
 /// one place a claim is decided, and the outbox is seen by all. Each write is one transaction;
 /// migrations take an advisory lock, so replicas starting together migrate once.
+///
+/// Its connection pool runs in `run()`, a service of the process's service group (it ends when
+/// the group shuts down, after the services that use it); `open()` migrates once it runs.
 public final class PostgresLedger: Ledger {
     /// Where the database is: `postgres://user[:password]@host[:port]/database`.
     public typealias Location = PostgresLocation
 
     public let location: Location
     private let client: PostgresClient
-    private let running: Task<Void, Never>
     private let logger: Logger
 
-    /// Connects and migrates; retries for a while when the server is not up yet.
-    public init(_ location: Location, logger: Logger) async throws(LedgerError) {
+    /// Makes the connection pool; nothing connects until `run()`.
+    public init(_ location: Location, logger: Logger) {
         self.location = location
         self.logger = logger
-        let client = location.makeClient(maximumConnections: 8, logger: logger)
-        self.client = client
-        running = Task { await client.run() }
+        self.client = location.makeClient(maximumConnections: 8, logger: logger)
+    }
+
+    /// Runs the connection pool until the task is cancelled or the service group shuts down.
+    /// Every query waits for it.
+    public func run() async {
+        await client.run()
+    }
+
+    /// Migrates, retrying for a while when the server is not up yet; `run()` must be running.
+    public func open() async throws(LedgerError) {
         var attempt = 0
         while true {
             do {
@@ -30,7 +40,6 @@ public final class PostgresLedger: Ledger {
             } catch {
                 attempt += 1
                 if attempt >= 20 {
-                    running.cancel()
                     throw LedgerError(.unavailable, "cannot open the PostgreSQL ledger at \(location): \(Self.describe(error))")
                 }
                 try? await Task.sleep(for: .milliseconds(250))
@@ -287,10 +296,8 @@ public final class PostgresLedger: Ledger {
         (try? await transaction("ping") { connection in try await connection.query("SELECT 1", logger: self.logger) }) != nil
     }
 
-    public func close() async {
-        running.cancel()
-        await running.value
-    }
+    /// Nothing to finish: every write is its own transaction. The pool closes when `run()` ends.
+    public func close() async {}
 
     private func transaction<T: Sendable>(_ what: String, _ body: (PostgresConnection) async throws -> T) async throws(LedgerError) -> T {
         do {

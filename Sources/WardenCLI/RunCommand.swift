@@ -74,18 +74,24 @@ struct Worker {
         defer { withExtendedLifetime(cluster) {} }
 
         let ledger: any Ledger
+        // A PostgreSQL ledger's pool runs in the service group; the intake starts once it is migrated.
+        var ledgerService: Background? = nil
+        var openLedger: @Sendable () async throws -> Void = {}
         switch configuration.ledger! {
         case .sqlite(let path):
             ledger = try SQLiteLedger(path: path)
             announce("ledger: sqlite \(path)")
         case .postgres(let location):
-            ledger = try await PostgresLedger(location, logger: logger)
+            let postgres = PostgresLedger(location, logger: logger)
+            ledger = postgres
+            ledgerService = Background { await postgres.run() }
+            openLedger = { try await postgres.open() }
             announce("ledger: \(location)")
         }
         let client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: .init(redirectConfiguration: .disallow))
         let group: ServiceGroup
         do {
-            group = try makeGroup(ledger: ledger, brokers: brokers, client: client)
+            group = try makeGroup(ledger: ledger, ledgerService: ledgerService, openLedger: openLedger, brokers: brokers, client: client)
         } catch {
             // Whatever refused to start (a Kafka property, a target), the HTTP client is shut
             // down before it is released, and the ledger closed: the error is what is reported.
@@ -98,7 +104,8 @@ struct Worker {
     }
 
     /// The worker's services; throws, starting nothing, when a part refuses its settings.
-    private func makeGroup(ledger: any Ledger, brokers: String, client: HTTPClient) throws -> ServiceGroup {
+    private func makeGroup(ledger: any Ledger, ledgerService: Background?, openLedger: @escaping @Sendable () async throws -> Void,
+                           brokers: String, client: HTTPClient) throws -> ServiceGroup {
         let kafka = configuration.kafka!
         let verifier = configuration.makeVerifier(client: client, logger: logger)
         let registry = PrometheusCollectorRegistry()
@@ -145,19 +152,20 @@ struct Worker {
             announce("http: \(configuration.http.host):\(port) (/healthz, /readyz, /metrics)")
         }
 
+        // Shut down in reverse order: intake first, the ledger last. Connection pools run as
+        // services of their own, and end when the group reaches them.
+        let pools: [ServiceGroupConfiguration.ServiceConfiguration] =
+            ([ledgerService].compactMap { $0 } + engine.sqlTargets.map { target in Background { await target.run() } })
+            .map { .init(service: $0, successTerminationBehavior: .ignore) }
         return ServiceGroup(configuration: .init(
-            services: [
-                // Shut down in reverse order: intake first, the ledger last.
+            services: pools + [
                 .init(service: CloseOnShutdown { await ledger.close() }),
                 .init(service: CloseOnShutdown { producer.close() }),
-                .init(service: CloseOnShutdown {
-                    engine.redisClients.forEach { $0.close() }
-                    for database in engine.sqlTargets { await database.close() }
-                }),
+                .init(service: CloseOnShutdown { engine.redisClients.forEach { $0.close() } }),
                 .init(service: CloseOnShutdown { try? await client.shutdown() }),
                 .init(service: KeyPreload(issuers: issuers, logger: logger)),
                 .init(service: http),
-                .init(service: intake, successTerminationBehavior: .gracefullyShutdownGroup,
+                .init(service: Prepared(prepare: openLedger, service: intake), successTerminationBehavior: .gracefullyShutdownGroup,
                       failureTerminationBehavior: .gracefullyShutdownGroup),
             ],
             gracefulShutdownSignals: [.sigterm, .sigint],
@@ -168,6 +176,24 @@ struct Worker {
 /// Prints one line for people and scripts (the embedded cluster's address, the HTTP port).
 func announce(_ line: String) {
     FileHandle.standardOutput.write(Data(("warden: " + line + "\n").utf8))
+}
+
+/// Runs `body` as a service: a connection pool that runs until the group shuts down.
+struct Background: Service {
+    let body: @Sendable () async -> Void
+    init(_ body: @escaping @Sendable () async -> Void) { self.body = body }
+    func run() async { await body() }
+}
+
+/// Runs `service` once `prepare` succeeded (a ledger migrated); a failure of `prepare` is the
+/// service's.
+struct Prepared<Wrapped: Service>: Service {
+    let prepare: @Sendable () async throws -> Void
+    let service: Wrapped
+    func run() async throws {
+        try await prepare()
+        try await service.run()
+    }
 }
 
 /// Runs `close` when the group shuts down.

@@ -19,6 +19,8 @@ struct SQLStepTests {
         _ = try await server.psql(database, "CREATE TABLE users (id TEXT PRIMARY KEY, google_sub TEXT UNIQUE, google_signin BOOLEAN NOT NULL)")
         _ = try await server.psql(database, "INSERT INTO users VALUES ('local-7', '1234', true), ('local-8', '5678', true)")
         let target = try SQLTarget(location: "postgres://\(server.username)@127.0.0.1:\(server.port)/\(database)", logger: Self.quiet)
+        let pool = Task { await target.run() }
+        defer { pool.cancel() }
         let context = StepContext(token: token("account-disabled"), user: "local-7")
 
         // The subject 1234 (from the token) is local-7.
@@ -41,16 +43,16 @@ struct SQLStepTests {
         let broken = await executor.execute(.sql(target: "appdb", statement: "UPDATE no_such_table SET x = 1", parameters: []), context: context)
         guard case .failed(let reason) = broken else { Issue.record("expected failed, got \(broken)"); return }
         #expect(reason.contains("no_such_table"))
-        await target.close()
     }
 
     @Test func postgresDownIsRetry() async throws {
         let port = try freeLoopbackPort()
         let target = try SQLTarget(location: "postgres://warden@127.0.0.1:\(port)/nothing", logger: Self.quiet)
+        let pool = Task { await target.run() }
+        defer { pool.cancel() }
         let outcome = await SQLStepExecutor(targets: ["db": target])
             .execute(.sql(target: "db", statement: "SELECT 1", parameters: []), context: StepContext(token: token("sessions-revoked"), user: nil))
         #expect(outcome.result == "retry")
-        await target.close()
     }
 
     @Test func sqliteStatementAndLookup() async throws {

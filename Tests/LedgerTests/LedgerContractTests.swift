@@ -1,6 +1,7 @@
 import Foundation
 import Ledger
 import Logging
+import Synchronization
 import Testing
 import WardenTestSupport
 
@@ -13,6 +14,8 @@ enum Backend: String, CaseIterable, Sendable, CustomTestStringConvertible {
 
 /// A ledger under test and what keeps it alive; `reopen` opens the same storage again.
 final class LedgerUnderTest: Sendable {
+    /// The PostgreSQL ledgers' connection pools, running until this ends.
+    private let pools = Mutex<[Task<Void, Never>]>([])
     let backend: Backend
     let path: String
     let server: PostgresServer?
@@ -25,14 +28,21 @@ final class LedgerUnderTest: Sendable {
         database = try await server?.createDatabase() ?? ""
     }
 
+    deinit {
+        pools.withLock { $0.forEach { $0.cancel() } }
+    }
+
     func open() async throws -> any Ledger {
         var logger = Logger(label: "ledger-test")
         logger.logLevel = .critical
         switch backend {
         case .sqlite: return try SQLiteLedger(path: path)
         case .postgres:
-            return try await PostgresLedger(.init(host: "127.0.0.1", port: server!.port, username: server!.username, database: database),
-                                            logger: logger)
+            let ledger = PostgresLedger(.init(host: "127.0.0.1", port: server!.port, username: server!.username, database: database),
+                                        logger: logger)
+            pools.withLock { $0.append(Task { await ledger.run() }) }
+            try await ledger.open()
+            return ledger
         }
     }
 }
