@@ -442,13 +442,17 @@ public struct StepRunner: Sendable {
     }
 }
 
-/// Records the outcomes of steps answered at about the same time in one journal write: the
-/// first caller writes every outcome waiting, then whatever arrived during its write, until none
-/// is left; the others wait for their answer.
+/// Records the outcomes of steps answered at about the same time in one journal write: a caller
+/// that finds fewer than `maximumWriters` writes under way writes every outcome waiting, then
+/// whatever arrived during its write, until none is left; the others wait for their answer.
+/// Several writes may be under way at once, so an outcome never waits for a whole earlier write
+/// of outcomes before its own begins (the SQLite ledger then joins them in one transaction).
 final class OutcomeWriter: Sendable {
+    static let maximumWriters = 4
+
     private struct State {
         var waiting: [(id: Int, record: StepRecord)] = []
-        var writing = false
+        var writers = 0
         var answers: [Int: Bool] = [:]
         var waiters: [Int: CheckedContinuation<Bool, Never>] = [:]
         var next = 0
@@ -474,8 +478,9 @@ final class OutcomeWriter: Sendable {
             let id = s.next
             s.next += 1
             s.waiting.append((id, record))
-            defer { s.writing = true }
-            return (id, !s.writing)
+            guard s.writers < Self.maximumWriters else { return (id, false) }
+            s.writers += 1
+            return (id, true)
         }
         if leads { await writeWaiting() }
         return await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
@@ -513,7 +518,7 @@ final class OutcomeWriter: Sendable {
         while true {
             let batch = state.withLock { s -> [(id: Int, record: StepRecord)] in
                 defer { s.waiting = [] }
-                if s.waiting.isEmpty { s.writing = false }
+                if s.waiting.isEmpty { s.writers -= 1 }
                 return s.waiting
             }
             guard !batch.isEmpty else { return }

@@ -47,7 +47,7 @@ struct CoreTests {
         let processor: EventProcessor
 
         /// A process; `ledger` shared with another one, when given.
-        init(ledger: MemoryLedger = MemoryLedger()) {
+        init(ledger: MemoryLedger = MemoryLedger(), steps: StepRunner.Configuration = .init()) {
             self.ledger = ledger
             let offset = clockOffset
             let clock = WallClock { Date().timeIntervalSince1970 + offset.seconds.withLock { $0 } }
@@ -66,7 +66,7 @@ struct CoreTests {
                 verifier: verifier, ledger: ledger, deadLetters: deadLetters, metrics: WardenMetrics(factory: NOOPMetricsHandler.instance),
                 logger: CoreTests.logger, stop: stop,
                 engine: InvalidationEngine(planner: Planner(policy: CoreTests.policy), resolver: IdentityResolver(), executor: executor),
-                configuration: .init(retry: .init(initialBackoff: .milliseconds(10), maximumBackoff: .milliseconds(50))))
+                configuration: .init(retry: .init(initialBackoff: .milliseconds(10), maximumBackoff: .milliseconds(50)), steps: steps))
         }
 
         var pipeline: EventPipeline { EventPipeline(processor: processor) }
@@ -292,5 +292,47 @@ struct CoreTests {
         #expect(event.steps.map(\.status) == [.done, .pending])
         #expect(event.leaseUntil <= Date().timeIntervalSince1970)
     }
-}
 
+    // Refusal counting: a step its target keeps refusing (retry) while it serves other events
+    // is failed after `maximumAttempts` such refusals and dead-lettered; a target that refuses
+    // everyone (down) counts nothing against an event, which waits until the target is back.
+    @Test func aStepRefusedWhileItsTargetServesOthersFailsAndOneThatIsDownWaits() async throws {
+        let steps = StepRunner.Configuration(maximumAttempts: 3, breakers: .init(threshold: 5, cooldown: .milliseconds(20),
+                                                                                 maximumCooldown: .milliseconds(40)))
+        let world = World(steps: steps)
+        world.executor.script.withLock { $0["picky"] = Array(repeating: .retry("not this one", after: nil), count: 1000) }
+        let door = HandDoor()
+        let running = Task { await world.pipeline.run(door.stream) }
+        door.feed([Self.token(Self.issuerA, "picky", jti: "picky", key: Self.keyA)])
+        // Others are served meanwhile, one event every few milliseconds.
+        var served = 0
+        while door.disposition(0) == nil, served < 2000 {
+            door.feed([Self.token(Self.issuerA, "other-\(served)", jti: "other-\(served)", key: Self.keyA)])
+            served += 1
+            try await Task.sleep(for: .milliseconds(5))
+        }
+        let picky = try #require(world.ledger.event("picky"))
+        #expect(door.disposition(0) == .recorded(eventID: picky.id, outcome: .failed))
+        // Both of its steps were refused while others were served: each failed for good and
+        // was dead-lettered, after three counted refusals (so at least four calls each), far
+        // fewer than the target would have refused.
+        #expect(picky.steps.map(\.status) == [.failed, .failed])
+        #expect(picky.steps.allSatisfy { $0.detail?.contains("gave up after 3 attempts") == true })
+        #expect(world.deadLetters.sent.withLock { $0.map(\.source) } == ["test:picky", "test:picky"])
+        #expect((8..<1000).contains(world.executor.calls(for: "picky")))
+        // The others were all served, and nothing else was dead-lettered.
+        #expect(await eventually { door.settled.all.count == served + 1 && door.settled.all.allSatisfy { $0 != nil } })
+        #expect(door.settled.all.dropFirst().allSatisfy { if case .recorded(_, .processed)? = $0 { true } else { false } })
+
+        // Down for everyone: eight refusals in a row count nothing, and the event is done once
+        // the target answers.
+        world.executor.script.withLock { $0["alone"] = Array(repeating: .retry("down", after: nil), count: 8) }
+        door.feed([Self.token(Self.issuerA, "alone", jti: "alone", key: Self.keyA)])
+        let index = served + 1
+        #expect(await eventually { door.disposition(index) != nil })
+        #expect(door.disposition(index) == .recorded(eventID: try #require(world.ledger.event("alone")).id, outcome: .processed))
+        #expect(world.executor.calls(for: "alone") == 10)  // eight refusals, then both steps
+        door.continuation.finish()
+        await running.value
+    }
+}

@@ -297,3 +297,38 @@ extension EngineWorkerTests {
         #expect(await worker.terminate() == 0)
     }
 }
+
+extension EngineWorkerTests {
+    // SIGTERM to both members of a group while the second is joining (a rebalance under way)
+    // and every step is failing: each finishes what it can, leaves, and exits 0 (it once
+    // aborted with signal 6); nothing is recorded as done that was not.
+    @Test func sigtermDuringARebalanceWhileStepsFailExitsZero() async throws {
+        let hooks = try await KeyServer.start()
+        hooks.serve("/hook", .init(body: "", status: 503))
+        let setup = try WorkerTests.Setup(extra: """
+            targets:
+              app: {webhook: {url: "\(hooks.url("/hook"))", hmac-secret: k}}
+            policy:
+              sessions-revoked: [{notify: {target: app}}]
+            """)
+        defer { setup.cleanUp() }
+        let first = try WorkerProcess(config: setup.config)
+        _ = try await first.httpPort()
+        var messages: [(key: String, value: String)] = []
+        for i in 0..<20 { messages.append(("r\(i)", try token(.sessionsRevoked, subject: "r\(i)", jti: "rebalance-\(i)"))) }
+        try await WorkerTests.produce(setup.cluster.bootstrapServers, messages)
+        try await WorkerTests.waitFor("steps failing") { hooks.requests("/hook") >= 5 }
+        // The second member starts and joins the group: a rebalance begins, and both are told
+        // to stop while it is under way.
+        let second = try WorkerProcess(config: setup.config)
+        _ = try await second.httpPort()
+        async let firstExit = first.terminate()
+        async let secondExit = second.terminate()
+        #expect(await firstExit == 0)
+        #expect(await secondExit == 0)
+        // The webhook never answered: no event is recorded as processed.
+        let events = try SQLiteLedgerReader(path: setup.ledgerPath).events()
+        #expect(!events.isEmpty)
+        #expect(events.allSatisfy { $0.outcome == "pending" })
+    }
+}
