@@ -13,14 +13,14 @@ public struct KafkaConsumerConfiguration: Sendable {
     public var properties: KafkaProperties
     /// Messages handed out but not yet finished before fetching pauses. Default 4096.
     public var maximumInFlight: Int
-    /// How often finished offsets are committed, in seconds. Default 1.
-    public var commitInterval: Double
+    /// How often finished offsets are committed. Default 1 s.
+    public var commitInterval: Duration
     /// How long a revocation waits for work under way on the revoked partitions' messages
-    /// (see `PartitionAssignment`), in seconds. Default 15: longer than one call to a target.
-    public var revocationGrace: Double
+    /// (see `PartitionAssignment`). Default 15 s: longer than one call to a target.
+    public var revocationGrace: Duration
 
     public init(bootstrapServers: String, groupID: String, topics: [String], properties: KafkaProperties = [:],
-                maximumInFlight: Int = 4096, commitInterval: Double = 1, revocationGrace: Double = 15) {
+                maximumInFlight: Int = 4096, commitInterval: Duration = .seconds(1), revocationGrace: Duration = .seconds(15)) {
         self.bootstrapServers = bootstrapServers
         self.groupID = groupID
         self.topics = topics
@@ -89,7 +89,7 @@ public final class KafkaConsumer: Sendable {
 
     public init(configuration: KafkaConsumerConfiguration, logger: Logger) throws(KafkaError) {
         let state = ConsumerState(maximumInFlight: max(1, configuration.maximumInFlight),
-                                  revocationGrace: max(0, configuration.revocationGrace))
+                                  revocationGrace: max(0, Self.seconds(configuration.revocationGrace)))
         let context = CallbackContext(logger: logger, consumer: state)
         self.client = try KafkaClient(role: .consumer, properties: configuration.effectiveProperties, context: context) { conf in
             rd_kafka_conf_set_rebalance_cb(conf, rebalanceCallback)
@@ -241,7 +241,7 @@ public final class KafkaConsumer: Sendable {
     }
 
     private func commitIfDue(_ lastCommit: inout Date) {
-        if Date().timeIntervalSince(lastCommit) >= configuration.commitInterval {
+        if Date().timeIntervalSince(lastCommit) >= Self.seconds(configuration.commitInterval) {
             commit(synchronously: false)
             lastCommit = Date()
         }
@@ -254,6 +254,11 @@ public final class KafkaConsumer: Sendable {
         defer { rd_kafka_topic_partition_list_destroy(assignment) }
         _ = pause ? rd_kafka_pause_partitions(rk, assignment) : rd_kafka_resume_partitions(rk, assignment)
         logger.debug(pause ? "paused fetching" : "resumed fetching", metadata: ["kafka.partitions": "\(assignment.pointee.cnt)"])
+    }
+
+    static func seconds(_ duration: Duration) -> Double {
+        let (whole, attoseconds) = duration.components
+        return Double(whole) + Double(attoseconds) / 1e18
     }
 
     /// Most messages handed out by one poll round.

@@ -14,14 +14,18 @@ import Synchronization
 public struct EventPipeline: Sendable {
     public let processor: EventProcessor
     /// Records that may wait for keys aside at once (`warden_waiting_for_keys`).
-    public var maximumWaitingForKeys = 10_000
+    public let maximumWaitingForKeys: Int
     /// Verified records that may wait for the ledger at once; verification pauses beyond it.
-    public var maximumUnwritten = 16_384
+    public let maximumUnwritten: Int
     /// Most records one ledger write holds.
-    public var maximumWrite = 1024
+    public let maximumWrite: Int
 
-    public init(processor: EventProcessor) {
+    public init(processor: EventProcessor, maximumWaitingForKeys: Int = 10_000, maximumUnwritten: Int = 16_384,
+                maximumWrite: Int = 1024) {
         self.processor = processor
+        self.maximumWaitingForKeys = maximumWaitingForKeys
+        self.maximumUnwritten = maximumUnwritten
+        self.maximumWrite = maximumWrite
     }
 
     var metrics: WardenMetrics { processor.metrics }

@@ -52,7 +52,7 @@ struct KafkaTests {
         try await Self.kcatProduce(cluster.bootstrapServers, topic: "t1", partition: 0, lines: (0..<10).map { "message-\($0)" }, key: "user-1")
 
         let configuration = KafkaConsumerConfiguration(bootstrapServers: cluster.bootstrapServers, groupID: "g1", topics: ["t1"],
-                                                       properties: Self.fastGroup, commitInterval: 0.2)
+                                                       properties: Self.fastGroup, commitInterval: .milliseconds(200))
         let first = try KafkaConsumer(configuration: configuration, logger: Self.logger)
         async let firstRun: Void = first.run()
         // Offset 5 is never finished: the commit point must stop there although 6…9 finish.
@@ -106,7 +106,7 @@ struct KafkaTests {
     @Test func twoMembersSplitPartitionsAndTheSurvivorTakesOver() async throws {
         let cluster = try EmbeddedKafkaCluster(topics: [("t3", 4)], logger: Self.logger)
         let configuration = KafkaConsumerConfiguration(bootstrapServers: cluster.bootstrapServers, groupID: "g3", topics: ["t3"],
-                                                       properties: Self.fastGroup, commitInterval: 0.2)
+                                                       properties: Self.fastGroup, commitInterval: .milliseconds(200))
         let a = try KafkaConsumer(configuration: configuration, logger: Self.logger)
         let b = try KafkaConsumer(configuration: configuration, logger: Self.logger)
         async let runA: Void = a.run()
