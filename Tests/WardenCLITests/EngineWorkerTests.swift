@@ -238,18 +238,7 @@ extension EngineWorkerTests {
         #expect(revoke.requests("/revoke") == 1)                    // a refusal is not retried
 
         // The dead letter: the original SET, the step and its reason.
-        let dlq = try KafkaConsumer(configuration: .init(bootstrapServers: setup.cluster.bootstrapServers, groupID: "dlq-reader",
-                                                         topics: ["security-events.dlq"], properties: ["session.timeout.ms": "6000"]),
-                                    logger: WorkerTests.quiet)
-        async let running: Void = dlq.run()
-        var letter: KafkaMessage? = nil
-        for await message in dlq.messages {
-            letter = message
-            break
-        }
-        dlq.close()
-        try await running
-        let deadLetter = try #require(letter)
+        let deadLetter = try #require(try await Self.firstDeadLetter(setup.cluster.bootstrapServers))
         #expect(deadLetter.value == Array(event.utf8))
         #expect(deadLetter.header("warden-error") == Array("step-failed".utf8))
         let description = String(decoding: deadLetter.header("warden-error-description") ?? [], as: UTF8.self)
@@ -330,5 +319,49 @@ extension EngineWorkerTests {
         let events = try SQLiteLedgerReader(path: setup.ledgerPath).events()
         #expect(!events.isEmpty)
         #expect(events.allSatisfy { $0.outcome == "pending" })
+    }
+}
+
+extension EngineWorkerTests {
+    // Defect 1 end to end: a junk message of nearly a megabyte, whose dead letter with Warden’s
+    // headers is over the cluster's limit, goes to the dead-letter topic as a truncated copy; the
+    // good events behind it on the same partition are recorded, and the worker exits 0.
+    @Test func aMegabyteOfJunkIsDeadLetteredTruncatedAndTheEventsBehindItAreRecorded() async throws {
+        let setup = try WorkerTests.Setup()
+        defer { setup.cleanUp() }
+        let worker = try WorkerProcess(config: setup.config)
+        _ = try await worker.httpPort()
+        var messages: [(key: String, value: String)] = [("same", String(repeating: "j", count: 999_900))]
+        for i in 0..<5 { messages.append(("same", try token(.sessionsRevoked, subject: "j\(i)", jti: "behind-junk-\(i)"))) }
+        try await WorkerTests.produce(setup.cluster.bootstrapServers, messages)
+        try await WorkerTests.waitFor("the five events behind the junk recorded") {
+            try SQLiteLedgerReader(path: setup.ledgerPath).events().count == 5
+        }
+        let deliveries = try SQLiteLedgerReader(path: setup.ledgerPath).deliveries()
+        #expect(deliveries.map(\.verdict) == ["invalid"])
+        #expect(deliveries.first?.errorCode == "invalid_request")
+
+        let deadLetter = try #require(try await Self.firstDeadLetter(setup.cluster.bootstrapServers))
+        #expect(deadLetter.value.count < 999_900)
+        #expect(String(decoding: deadLetter.header("warden-truncated") ?? [], as: UTF8.self).hasPrefix("999900 bytes"))
+        #expect(await worker.terminate() == 0)
+    }
+}
+
+extension EngineWorkerTests {
+    /// The first message on the dead-letter topic, read by a consumer group of its own.
+    static func firstDeadLetter(_ brokers: String) async throws -> KafkaMessage? {
+        let dlq = try KafkaConsumer(configuration: .init(bootstrapServers: brokers, groupID: "dlq-reader",
+                                                         topics: ["security-events.dlq"], properties: ["session.timeout.ms": "6000"]),
+                                    logger: WorkerTests.quiet)
+        async let running: Void = dlq.run()
+        var letter: KafkaMessage? = nil
+        for await message in dlq.messages {
+            letter = message
+            break
+        }
+        dlq.close()
+        try await running
+        return letter
     }
 }
