@@ -242,6 +242,7 @@ let package = Package(
         .testTarget(
             name: "PipelineTests",
             dependencies: ["Pipeline", "Kafka", "Ledger", "TokenVerification", "Invalidation", "SETMinting", "SecurityEvents",
+                           "WardenTestSupport",
                            .product(name: "Logging", package: "swift-log"), .product(name: "Metrics", package: "swift-metrics")],
             swiftSettings: testSettings
         ),

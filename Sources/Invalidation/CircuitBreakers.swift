@@ -112,11 +112,3 @@ public final class CircuitBreakers: Sendable {
 
     var currentTime: Double { now() }
 }
-
-extension Duration {
-    /// The duration in seconds, as a `Double`.
-    public var timeInterval: Double {
-        let (s, attoseconds) = components
-        return Double(s) + Double(attoseconds) / 1e18
-    }
-}

@@ -170,3 +170,11 @@ public struct DeadLetterError: Error, Sendable, CustomStringConvertible {
         self.isRetryable = isRetryable
     }
 }
+
+extension Duration {
+    /// The duration in seconds, as a `Double`.
+    public var timeInterval: Double {
+        let (s, attoseconds) = components
+        return Double(s) + Double(attoseconds) / 1e18
+    }
+}

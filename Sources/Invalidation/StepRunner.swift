@@ -309,13 +309,6 @@ public struct StepRunner: Sendable {
         ]
         let stop = persistence.stop
         while true {
-            guard breakers.allow(target) else {
-                // The target is resting after repeated failures: wait without calling it, and
-                // look again soon, so events flow as soon as the trial call succeeds.
-                observer.retried("circuit_open")
-                guard await stop.pause(breakers.retryDelay(target)) else { return .stopped }
-                continue
-            }
             // The lease first, outside the action: waiting for another owner's lease must not
             // hold up a revocation.
             switch await lease.hold() {
@@ -339,6 +332,16 @@ public struct StepRunner: Sendable {
                 logger.notice("message taken back by its door; its steps are left to the next owner",
                               metadata: ["warden.event_id": "\(event.eventID)", "warden.source": "\(event.source)"])
                 return .stopped
+            }
+            // The breaker last, right before the call: a half-open breaker's one trial is
+            // always made (and its result recorded), never taken and then left unused.
+            guard breakers.allow(target) else {
+                event.permit.endAction()
+                // The target is resting after repeated failures: wait without calling it, and
+                // look again soon, so events flow as soon as the trial call succeeds.
+                observer.retried("circuit_open")
+                guard await stop.pause(breakers.retryDelay(target)) else { return .stopped }
+                continue
             }
             let next: Attempt = await {
                 defer { event.permit.endAction() }
@@ -442,19 +445,32 @@ public struct StepRunner: Sendable {
     }
 }
 
-/// Records the outcomes of steps answered at about the same time in one journal write: a caller
-/// that finds fewer than `maximumWriters` writes under way writes every outcome waiting, then
-/// whatever arrived during its write, until none is left; the others wait for their answer.
-/// Several writes may be under way at once, so an outcome never waits for a whole earlier write
-/// of outcomes before its own begins (the SQLite ledger then joins them in one transaction).
+/// Records the outcomes of steps answered at about the same time in one journal write. A caller
+/// that finds fewer than `maximumWriters` writes under way writes every outcome waiting (its own
+/// among them, unless another write took it); the others wait. After one write, a writer hands
+/// its turn to the owner of an outcome still waiting, so no caller writes others' outcomes
+/// round after round while its own event waits. Several writes may be under way at once, so an
+/// outcome never waits for a whole earlier write of outcomes before its own begins (the SQLite
+/// ledger then joins them in one transaction).
 final class OutcomeWriter: Sendable {
     static let maximumWriters = 4
 
+    /// What wakes a caller waiting for its outcome.
+    private enum Wake {
+        case answered(Bool)
+        /// Write what is waiting, then wait again.
+        case write
+    }
+
     private struct State {
         var waiting: [(id: Int, record: StepRecord)] = []
+        /// Writes under way, and turns to write handed to callers not yet writing.
         var writers = 0
-        var answers: [Int: Bool] = [:]
-        var waiters: [Int: CheckedContinuation<Bool, Never>] = [:]
+        /// Callers handed a turn to write that have not taken it yet.
+        var turns: Set<Int> = []
+        /// Answers and turns to write, in order, for callers not waiting yet.
+        var wakes: [Int: [Wake]] = [:]
+        var waiters: [Int: CheckedContinuation<Wake, Never>] = [:]
         var next = 0
     }
 
@@ -474,7 +490,7 @@ final class OutcomeWriter: Sendable {
     /// step could not be recorded (recorded already by another owner, or refused for good):
     /// then the event is left for its next delivery.
     func write(_ record: StepRecord) async -> Bool {
-        let (id, leads) = state.withLock { s -> (Int, Bool) in
+        let (id, writes) = state.withLock { s -> (Int, Bool) in
             let id = s.next
             s.next += 1
             s.waiting.append((id, record))
@@ -482,14 +498,25 @@ final class OutcomeWriter: Sendable {
             s.writers += 1
             return (id, true)
         }
-        if leads { await writeWaiting() }
-        return await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
-            let answer = state.withLock { s -> Bool? in
-                if let answer = s.answers.removeValue(forKey: id) { return answer }
-                s.waiters[id] = continuation
-                return nil
+        var turn = writes
+        while true {
+            if turn { await writeWaiting(as: id) }
+            let wake = await withCheckedContinuation { (continuation: CheckedContinuation<Wake, Never>) in
+                let wake = state.withLock { s -> Wake? in
+                    if var pending = s.wakes[id], !pending.isEmpty {
+                        let wake = pending.removeFirst()
+                        s.wakes[id] = pending.isEmpty ? nil : pending
+                        return wake
+                    }
+                    s.waiters[id] = continuation
+                    return nil
+                }
+                if let wake { continuation.resume(returning: wake) }
             }
-            if let answer { continuation.resume(returning: answer) }
+            switch wake {
+            case .answered(let recorded): return recorded
+            case .write: turn = true
+            }
         }
     }
 
@@ -513,28 +540,29 @@ final class OutcomeWriter: Sendable {
         }
     }
 
-    /// Writes what waits, round after round, until nothing does.
-    private func writeWaiting() async {
-        while true {
-            let batch = state.withLock { s -> [(id: Int, record: StepRecord)] in
-                defer { s.waiting = [] }
-                if s.waiting.isEmpty { s.writers -= 1 }
-                return s.waiting
-            }
-            guard !batch.isEmpty else { return }
-            let answers = await write(batch.map(\.record))
-            let resumed = state.withLock { s -> [(CheckedContinuation<Bool, Never>, Bool)] in
-                var resumed: [(CheckedContinuation<Bool, Never>, Bool)] = []
-                for (entry, answer) in zip(batch, answers) {
-                    if let waiter = s.waiters.removeValue(forKey: entry.id) {
-                        resumed.append((waiter, answer))
-                    } else {
-                        s.answers[entry.id] = answer
-                    }
-                }
-                return resumed
-            }
-            for (waiter, answer) in resumed { waiter.resume(returning: answer) }
+    /// One write of everything waiting; then the turn passes to the owner of the first outcome
+    /// still waiting that has none yet, or the writer slot is given back.
+    private func writeWaiting(as writer: Int) async {
+        let batch = state.withLock { s -> [(id: Int, record: StepRecord)] in
+            s.turns.remove(writer)
+            defer { s.waiting = [] }
+            return s.waiting
         }
+        let answers = batch.isEmpty ? [] : await write(batch.map(\.record))
+        let woken = state.withLock { s -> [(CheckedContinuation<Wake, Never>, Wake)] in
+            var woken: [(CheckedContinuation<Wake, Never>, Wake)] = []
+            func wake(_ id: Int, _ wake: Wake) {
+                if let waiter = s.waiters.removeValue(forKey: id) { woken.append((waiter, wake)) } else { s.wakes[id, default: []].append(wake) }
+            }
+            for (entry, answer) in zip(batch, answers) { wake(entry.id, .answered(answer)) }
+            if let next = s.waiting.first(where: { !s.turns.contains($0.id) }) {
+                s.turns.insert(next.id)
+                wake(next.id, .write)
+            } else {
+                s.writers -= 1
+            }
+            return woken
+        }
+        for (waiter, wake) in woken { waiter.resume(returning: wake) }
     }
 }

@@ -54,7 +54,7 @@ final class ConsumerState: Sendable {
     let tracker = Mutex(OffsetTracker())
     /// The lifecycle: what the poll thread does next.
     let machine: Mutex<ConsumerStateMachine>
-    let revocationGrace: Double
+    let revocationGrace: Duration
     /// Signalled when a message finishes while the poll thread waits for room.
     let room = DispatchSemaphore(value: 0)
     /// Whether the poll thread waits on `room` (so finishing messages signal it only then).
@@ -65,7 +65,7 @@ final class ConsumerState: Sendable {
         if waitingForRoom.exchange(false, ordering: .acquiringAndReleasing) { room.signal() }
     }
 
-    init(maximumInFlight: Int, revocationGrace: Double) {
+    init(maximumInFlight: Int, revocationGrace: Duration) {
         self.machine = Mutex(ConsumerStateMachine(maximumInFlight: maximumInFlight))
         self.revocationGrace = revocationGrace
     }
@@ -89,7 +89,7 @@ public final class KafkaConsumer: Sendable {
 
     public init(configuration: KafkaConsumerConfiguration, logger: Logger) throws(KafkaError) {
         let state = ConsumerState(maximumInFlight: max(1, configuration.maximumInFlight),
-                                  revocationGrace: max(0, Self.seconds(configuration.revocationGrace)))
+                                  revocationGrace: max(.zero, configuration.revocationGrace))
         let context = CallbackContext(logger: logger, consumer: state)
         self.client = try KafkaClient(role: .consumer, properties: configuration.effectiveProperties, context: context) { conf in
             rd_kafka_conf_set_rebalance_cb(conf, rebalanceCallback)
@@ -126,17 +126,6 @@ public final class KafkaConsumer: Sendable {
     /// Every message, one at a time.
     public var messages: KafkaMessages { KafkaMessages(batches: batches) }
 
-    /// The outcomes of these messages are durable.
-    public func finished(_ messages: some Sequence<KafkaMessage>) {
-        state.tracker.withLock { tracker in
-            for message in messages {
-                tracker.finished(TopicPartition(message.topic, message.partition), offset: message.offset,
-                                 assignment: message.assignment)
-            }
-        }
-        state.madeRoom()
-    }
-
     /// The message's outcome is durable: its offset may be committed once every earlier
     /// message of its partition is finished too.
     public func finished(_ message: KafkaMessage) {
@@ -171,7 +160,7 @@ public final class KafkaConsumer: Sendable {
 
     private func pollLoop() -> String? {
         let rk = client.handle
-        var lastCommit = Date()
+        var lastCommit = ContinuousClock.now
         while true {
             if let fatal = client.fatalError {
                 state.machine.withLock { $0.failed() }
@@ -188,9 +177,12 @@ public final class KafkaConsumer: Sendable {
             case .resume:
                 setPaused(false)
             case .waitForRoom:
-                // A finished message wakes this; commits go on meanwhile.
-                state.waitingForRoom.store(true, ordering: .releasing)
-                _ = state.room.wait(timeout: .now() + .milliseconds(100))
+                // A finished message wakes this; commits go on meanwhile. In-flight is read again
+                // once the flag is up: a message finished just before then woke no one.
+                state.waitingForRoom.store(true, ordering: .sequentiallyConsistent)
+                if state.tracker.withLock({ $0.inFlight }) >= state.machine.withLock({ $0.maximumInFlight }) {
+                    _ = state.room.wait(timeout: .now() + .milliseconds(100))
+                }
                 commitIfDue(&lastCommit)
             case .poll(let deliver):
                 poll(deliver: deliver)
@@ -240,10 +232,10 @@ public final class KafkaConsumer: Sendable {
         if !state.machine.withLock({ $0.joined }) { client.leaveUndestroyed() }
     }
 
-    private func commitIfDue(_ lastCommit: inout Date) {
-        if Date().timeIntervalSince(lastCommit) >= Self.seconds(configuration.commitInterval) {
+    private func commitIfDue(_ lastCommit: inout ContinuousClock.Instant) {
+        if ContinuousClock.now - lastCommit >= configuration.commitInterval {
             commit(synchronously: false)
-            lastCommit = Date()
+            lastCommit = .now
         }
     }
 
@@ -254,11 +246,6 @@ public final class KafkaConsumer: Sendable {
         defer { rd_kafka_topic_partition_list_destroy(assignment) }
         _ = pause ? rd_kafka_pause_partitions(rk, assignment) : rd_kafka_resume_partitions(rk, assignment)
         logger.debug(pause ? "paused fetching" : "resumed fetching", metadata: ["kafka.partitions": "\(assignment.pointee.cnt)"])
-    }
-
-    static func seconds(_ duration: Duration) -> Double {
-        let (whole, attoseconds) = duration.components
-        return Double(whole) + Double(attoseconds) / 1e18
     }
 
     /// Most messages handed out by one poll round.
@@ -364,7 +351,7 @@ private let rebalanceCallback: @convention(c) (OpaquePointer?, rd_kafka_resp_err
         let unfinished = PartitionAssignment.revoke(assignments, waitingUpTo: state.revocationGrace)
         if unfinished > 0 {
             context.logger.warning("work of revoked partitions still under way after the grace period", metadata: [
-                "kafka.work": "\(unfinished)", "kafka.grace_seconds": "\(state.revocationGrace)",
+                "kafka.work": "\(unfinished)", "kafka.grace": "\(state.revocationGrace)",
             ])
         }
         let revoked = Set(changed)

@@ -61,17 +61,17 @@ public final class PartitionAssignment: Sendable {
 
     /// Marks the assignment revoked and waits up to `seconds` for the work under way to end.
     /// Returns how many pieces of work were still under way when it stopped waiting.
-    func revoke(waitingUpTo seconds: Double) -> Int {
-        Self.revoke([self], waitingUpTo: seconds)
+    func revoke(waitingUpTo grace: Duration) -> Int {
+        Self.revoke([self], waitingUpTo: grace)
     }
 
     /// Marks every assignment revoked first (no new work starts on any of them), then waits
     /// for the work under way on all of them, up to one shared deadline. Returns how many
     /// pieces of work were still under way then. Blocks: called on the poll thread, inside
     /// librdkafka's rebalance callback.
-    static func revoke(_ assignments: [PartitionAssignment], waitingUpTo seconds: Double) -> Int {
+    static func revoke(_ assignments: [PartitionAssignment], waitingUpTo grace: Duration) -> Int {
         let draining = assignments.compactMap { assignment in assignment.markRevoked().map { (assignment, $0) } }
-        let deadline = DispatchTime.now() + seconds
+        let deadline = DispatchTime.now() + .nanoseconds(Int(grace / .nanoseconds(1)))
         var unfinished = 0
         for (assignment, drained) in draining where drained.wait(timeout: deadline) == .timedOut {
             unfinished += assignment.state.withLock { $0.working }

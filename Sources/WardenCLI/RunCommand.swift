@@ -118,7 +118,7 @@ struct Worker {
         let producer = try KafkaProducer(bootstrapServers: brokers, properties: properties, logger: logger)
         let consumer = try KafkaConsumer(
             configuration: .init(bootstrapServers: brokers, groupID: kafka.group, topics: [kafka.topic], properties: properties,
-                                 maximumInFlight: kafka.maximumInFlight, commitInterval: .milliseconds(Int64((kafka.commitInterval * 1000).rounded()))),
+                                 maximumInFlight: kafka.maximumInFlight, commitInterval: .seconds(kafka.commitInterval)),
             logger: logger)
         let engine = try configuration.invalidation.makeEngine(http: client, logger: logger)
         let processor = EventProcessor(verifier: verifier, ledger: ledger,

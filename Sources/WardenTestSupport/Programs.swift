@@ -83,3 +83,12 @@ extension ProgramOutput {
         (try? JSONSerialization.jsonObject(with: Data(stdout.utf8))) as? [String: Any]
     }
 }
+
+/// Whether `condition` holds within `attempts` looks, 5 ms apart.
+public func eventually(attempts: Int = 2000, _ condition: () -> Bool) async -> Bool {
+    for _ in 0..<attempts {
+        if condition() { return true }
+        try? await Task.sleep(for: .milliseconds(5))
+    }
+    return condition()
+}

@@ -4,6 +4,7 @@ import Logging
 import SecurityEvents
 import Synchronization
 import Testing
+import WardenTestSupport
 
 /// The step runner's journal writes: outcomes answered at about the same time share one write,
 /// and one the journal refuses for good does not keep the others from being recorded.
@@ -33,6 +34,12 @@ struct StepRunnerTests {
                 return s.held
             }
             for write in held { write.resume() }
+        }
+
+        /// Lets the first held write go on; the others stay held, and so do the next ones.
+        func releaseFirst() {
+            let first = state.withLock { s -> CheckedContinuation<Void, Never>? in s.held.isEmpty ? nil : s.held.removeFirst() }
+            first?.resume()
         }
 
         var heldWrites: Int { state.withLock { $0.held.count } }
@@ -112,6 +119,35 @@ struct StepRunnerTests {
         #expect(Set(writes.flatMap { $0.map(\.eventID) }) == Set(1...51))
     }
 
+    // A writer whose own outcome is durable returns, and hands the writing of what arrived
+    // meanwhile to one of those waiting: it does not write others' outcomes while its event waits.
+    @Test func aWriterReturnsOnceItsOwnOutcomeIsDurable() async throws {
+        let journal = GatedJournal()
+        let writer = Self.writer(journal)
+        journal.hold()
+        let firstAnswer = Mutex<Bool?>(nil)
+        let first = Task {
+            let recorded = await writer.write(Self.record(1))
+            firstAnswer.withLock { $0 = recorded }
+        }
+        #expect(await eventually { journal.heldWrites == 1 })
+        let others = Task {
+            await withTaskGroup(of: Bool.self) { group in
+                for event in 2...20 { group.addTask { await writer.write(Self.record(Int64(event))) } }
+                return await group.reduce(0) { $0 + ($1 ? 1 : 0) }
+            }
+        }
+        #expect(await eventually { journal.heldWrites == OutcomeWriter.maximumWriters && writer.waitingCount > 0 })
+        journal.releaseFirst()
+        // It returns while the next writes are still held.
+        #expect(await eventually { firstAnswer.withLock { $0 } == true })
+        #expect(await eventually { journal.heldWrites == OutcomeWriter.maximumWriters })  // the handed-on turn
+        journal.release()
+        await first.value
+        #expect(await others.value == 19)
+        #expect(Set(journal.writes.flatMap { $0.map(\.eventID) }) == Set(1...20))
+    }
+
     @Test func aRecordTheJournalRefusesForGoodDoesNotKeepTheOthersFromBeingRecorded() async throws {
         let journal = GatedJournal()
         let writer = Self.writer(journal)
@@ -137,12 +173,68 @@ struct StepRunnerTests {
         #expect(answers == [1: true, 2: false, 3: true, 4: false])
         #expect(Set(journal.writes.flatMap { $0.filter { $0.index != 99 && $0.eventID < 10 }.map(\.eventID) }) == [1, 3])
     }
-}
 
-func eventually(attempts: Int = 2000, _ condition: () -> Bool) async -> Bool {
-    for _ in 0..<attempts {
-        if condition() { return true }
-        try? await Task.sleep(for: .milliseconds(5))
+    // MARK: - The runner and the circuit breaker
+
+    /// Answers each call with the next scripted outcome, then `done`.
+    final class Scripted: StepExecutor {
+        let outcomes: Mutex<[StepOutcome]>
+        let calls = Mutex(0)
+        init(_ outcomes: [StepOutcome]) { self.outcomes = Mutex(outcomes) }
+
+        func execute(_ action: StepAction, context: StepContext) async -> StepOutcome {
+            calls.withLock { $0 += 1 }
+            return outcomes.withLock { $0.isEmpty ? .done("ok") : $0.removeFirst() }
+        }
     }
-    return condition()
+
+    /// Permits a number of actions, then refuses (the door took the message back).
+    final class Permit: ActionPermit {
+        let left: Mutex<Int>
+        init(_ actions: Int) { left = Mutex(actions) }
+
+        func beginAction() -> Bool {
+            left.withLock { left in
+                guard left > 0 else { return false }
+                left -= 1
+                return true
+            }
+        }
+        func endAction() {}
+    }
+
+    struct NoDeadLetters: DeadLetterSink {
+        func deadLetter(value: [UInt8], code: String, description: String, source: String) async throws(DeadLetterError) {}
+    }
+
+    static func event(_ id: Int64, permit: any ActionPermit) -> EventSteps {
+        let planned = PlannedStep(index: 0, eventType: EventType.sessionsRevoked.uri, action: .purgeSet(target: "sessions", set: "s:u"))
+        return EventSteps(eventID: id, steps: [JournalStep(index: 0, kind: "purge-set", action: planned.encoded)], planned: [planned],
+                          context: StepContext(token: token("sessions-revoked"), user: "u"), outcomeIfDone: .processed,
+                          leasedUntil: Date().timeIntervalSince1970 + 3600, message: [], source: "test:\(id)", permit: permit)
+    }
+
+    // A message taken back while its target's breaker is about to let one trial call through
+    // takes no trial with it: the next event's call is that trial, and the breaker closes.
+    @Test func aMessageTakenBackDoesNotKeepTheBreakersTrial() async throws {
+        var logger = Logger(label: "step-runner-test")
+        logger.logLevel = .critical
+        let persistence = Persistence(timing: .init(initialBackoff: .milliseconds(10), maximumBackoff: .milliseconds(20)),
+                                      stop: StopSignal(), observer: Counting(), logger: logger,
+                                      isRetryable: { ($0 as? JournalError)?.isRetryable ?? true })
+        let executor = Scripted([.retry("down", after: nil)])
+        let runner = StepRunner(
+            configuration: .init(breakers: .init(threshold: 1, cooldown: .milliseconds(50), maximumCooldown: .milliseconds(50))),
+            executor: executor, journal: GatedJournal(), deadLetters: NoDeadLetters(), persistence: persistence, logger: logger)
+        // The first event's call fails and opens the breaker; its message is then taken back.
+        #expect(await runner.run(Self.event(1, permit: Permit(1))) == nil)
+        #expect(executor.calls.withLock { $0 } == 1)
+        // The next event on the same target is done once the cooldown ends.
+        let next = Task { await runner.run(Self.event(2, permit: Permit(100))) }
+        let called = await eventually { executor.calls.withLock { $0 } == 2 }
+        if !called { persistence.stop.stop() }  // the breaker never let it through: end the wait
+        #expect(called)
+        #expect(await next.value == .processed)
+        #expect(!runner.breakers.isOpen("sessions"))
+    }
 }

@@ -1,7 +1,7 @@
-import Foundation
 @testable import Kafka
 import Synchronization
 import Testing
+import WardenTestSupport
 
 /// The commit point never passes a message whose outcome is not durable.
 @Suite("Offset tracker")
@@ -90,50 +90,41 @@ struct OffsetTrackerTests {
     }
 
     /// A revocation waits for the work under way on its messages, and lets none begin after.
-    @Test func revocationWaitsForWorkUnderWayAndRefusesNewWork() async {
+    @Test func revocationWaitsForWorkUnderWayAndRefusesNewWork() async throws {
         var tracker = OffsetTracker()
         tracker.assigned([p0])
         let assignment = tracker.handedOut(p0, offset: 0)!
         #expect(assignment.beginWork())
         let ended = Atomic(false)
-        let revoking = onThread {
+        let revoking = Task { try await onOwnThread {
             defer { ended.store(true, ordering: .sequentiallyConsistent) }
-            return assignment.revoke(waitingUpTo: 30)
-        }
+            return assignment.revoke(waitingUpTo: .seconds(30))
+        } }
         // The revocation is under way once new work is refused; it cannot end while work is.
         while !assignment.isRevoked { await Task.yield() }
         #expect(assignment.beginWork() == false)
         #expect(ended.load(ordering: .sequentiallyConsistent) == false)
         assignment.endWork()
-        #expect(await revoking.value == 0)
+        #expect(try await revoking.value == 0)
         // A grace period that runs out reports what is still under way.
         let other = PartitionAssignment(partition: p1, generation: 99)
         #expect(other.beginWork())
-        #expect(other.revoke(waitingUpTo: 0.01) == 1)
+        #expect(other.revoke(waitingUpTo: .milliseconds(10)) == 1)
     }
 
     /// One revocation of several partitions stops new work on all of them before it waits for
     /// any, and waits for all of them against one deadline.
-    @Test(.timeLimit(.minutes(1))) func aRevocationOfSeveralPartitionsStopsNewWorkOnAllBeforeWaiting() async {
+    @Test(.timeLimit(.minutes(1))) func aRevocationOfSeveralPartitionsStopsNewWorkOnAllBeforeWaiting() async throws {
         let busy = PartitionAssignment(partition: p0, generation: 1)
         let idle = PartitionAssignment(partition: p1, generation: 2)
         #expect(busy.beginWork())
-        let revoking = onThread { PartitionAssignment.revoke([busy, idle], waitingUpTo: 30) }
+        let revoking = Task { try await onOwnThread { PartitionAssignment.revoke([busy, idle], waitingUpTo: .seconds(30)) } }
         // Both are marked before the wait for the busy one begins.
         while !idle.isRevoked { await Task.yield() }
         #expect(busy.isRevoked)
         #expect(idle.beginWork() == false && busy.beginWork() == false)
         busy.endWork()
-        #expect(await revoking.value == 0)
+        #expect(try await revoking.value == 0)
     }
 }
 
-/// Runs a blocking call (a revocation waits as librdkafka's callback thread does) on a thread of
-/// its own: blocking one of the few threads of the tasks' pool could starve the test itself.
-func onThread<T: Sendable>(_ body: @escaping @Sendable () -> T) -> Task<T, Never> {
-    Task {
-        await withCheckedContinuation { continuation in
-            Thread { continuation.resume(returning: body()) }.start()
-        }
-    }
-}

@@ -8,6 +8,7 @@ import SETMinting
 import SecurityEvents
 import Synchronization
 import Testing
+import WardenTestSupport
 import TokenVerification
 
 /// The pipeline's core in-process, with fakes of the ledger, the dead-letter sink and the

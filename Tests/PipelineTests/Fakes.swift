@@ -199,10 +199,3 @@ final class SwitchableKeyFetcher: KeyDocumentFetching {
 
 /// Waits until `condition` holds (checking every few milliseconds); false if it did not within
 /// `attempts` checks. Used to observe a state, never to measure time.
-func eventually(attempts: Int = 2000, _ condition: () -> Bool) async -> Bool {
-    for _ in 0..<attempts {
-        if condition() { return true }
-        try? await Task.sleep(for: .milliseconds(5))
-    }
-    return condition()
-}
