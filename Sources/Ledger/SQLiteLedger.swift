@@ -24,7 +24,6 @@ public final class SQLiteLedger: Ledger {
             // a random leaf of the (issuer, jti) index, and larger leaves mean fewer of them to
             // rewrite per transaction.
             try db.execute(sql: "PRAGMA page_size = 16384")
-            try db.execute(sql: "PRAGMA synchronous = FULL")
             // Checkpoint every 16,384 pages of WAL (256 MiB of 16 KiB pages, some 80,000
             // events) rather than SQLite's 1,000: pages rewritten by many batches (index
             // leaves, the table's last pages) are copied to the database once per checkpoint.
@@ -43,6 +42,10 @@ public final class SQLiteLedger: Ledger {
                 let directory = URL(fileURLWithPath: path).deletingLastPathComponent().path
                 try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
                 let opened = try DatabaseQueue(path: path, configuration: configuration)
+                // Set once the queue is open: GRDB turns WAL on after `prepareDatabase`, and with
+                // it `synchronous = NORMAL`, under which a commit is not synced and the last
+                // transactions are lost when the machine (not only the process) goes down.
+                try opened.writeWithoutTransaction { try $0.execute(sql: "PRAGMA synchronous = FULL") }
                 try Self.migrator.migrate(opened)
                 database = opened
                 break
@@ -292,6 +295,11 @@ public final class SQLiteLedger: Ledger {
 
     public func recordRejection(_ rejection: Rejection) async throws(LedgerError) {
         try await writer.submit { db in try Self.insert(rejection, in: db) }
+    }
+
+    /// `PRAGMA synchronous` on the writing connection (2 = FULL: every commit is synced).
+    func synchronousLevel() async throws(LedgerError) -> Int {
+        try await writer.submit { db in try Int.fetchOne(db, sql: "PRAGMA synchronous") ?? -1 }
     }
 
     public func isReachable() async -> Bool {

@@ -1,5 +1,5 @@
 import Foundation
-import Ledger
+@testable import Ledger
 import Testing
 
 @Suite("SQLite ledger")
@@ -13,6 +13,15 @@ struct SQLiteLedgerTests {
                     eventTypes: ["https://schemas.openid.net/secevent/risc/event-type/sessions-revoked"],
                     subject: #"{"format":"iss_sub","iss":"https://issuer.example/","sub":"1"}"#, keyID: "k1",
                     algorithm: "RS256", keyThumbprint: "tp", issuedAt: 1_800_000_000, receivedAt: 1_800_000_001)
+    }
+
+    /// Every commit is synced (FULL), so a recorded outcome or claim survives the machine going
+    /// down, not only the process; opening in WAL mode must not leave it at NORMAL.
+    @Test func everyCommitIsSynced() async throws {
+        let path = Self.temporaryPath()
+        #expect(try await SQLiteLedger(path: path).synchronousLevel() == 2)
+        // An existing ledger, reopened.
+        #expect(try await SQLiteLedger(path: path).synchronousLevel() == 2)
     }
 
     @Test func firstClaimIsNewThenDuplicate() async throws {
