@@ -373,6 +373,8 @@ if let redis {
     print("redis-server keys left after the run: \(try await redis.cli(["DBSIZE"])) (0 = every session purged)")
     if let p99 = histogramQuantile(result.metrics, "warden_step_record_seconds", 0.99) {
         print("step answered → outcome durable in the ledger, p99 over \(p99.count) steps: ≤ \(p99.bound) s (warden_step_record_seconds)")
+        let quantiles = [0.5, 0.9].compactMap { q in histogramQuantile(result.metrics, "warden_step_record_seconds", q).map { "p\(Int(q * 100)) ≤ \($0.bound) s" } }
+        print("  and \(quantiles.joined(separator: ", "))")
     } else {
         print("step answered → outcome durable: no observations (was the metrics port reachable?)")
     }

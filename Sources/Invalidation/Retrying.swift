@@ -74,8 +74,8 @@ public protocol StepObserver: Sendable {
     func stepAnswered(kind: String, result: String)
     /// A dead letter was produced.
     func deadLettered()
-    /// A step's outcome became durable, `since` being when its target answered.
-    func outcomeDurable(since answeredAt: ContinuousClock.Instant)
+    /// A step's outcome became durable this long after its target answered.
+    func outcomeDurable(after wait: Duration)
 }
 
 /// Calls something until it succeeds: backing off between failures a retry may mend, giving up

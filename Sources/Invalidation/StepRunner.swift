@@ -37,10 +37,18 @@ public protocol StepJournal: Sendable {
     func lease(event eventID: Int64, owner: String, seconds: Double) async throws(JournalError) -> Bool
     /// Records the outcomes of steps of any events, in one write. Only a pending step is
     /// recorded: for each outcome, nil when it was recorded, or why it was not (the step was
-    /// recorded already, by another owner of its event).
-    func record(_ outcomes: [StepRecord]) async throws(JournalError) -> [JournalError?]
+    /// recorded already, by another owner of its event), and when the write became durable.
+    func record(_ outcomes: [StepRecord]) async throws(JournalError) -> JournalWrite
     /// Records an event's outcome (when its last step's record did not).
     func finish(event eventID: Int64, outcome: EventEnd) async throws(JournalError)
+    /// True when concurrent `record` calls already share writes (a writer of its own that puts
+    /// whatever is queued in one transaction): outcomes then go to it as they come, not
+    /// gathered first by the caller.
+    var groupsConcurrentWrites: Bool { get }
+}
+
+extension StepJournal {
+    public var groupsConcurrentWrites: Bool { false }
 }
 
 /// One step of an event as the journal keeps it.
@@ -79,6 +87,19 @@ public struct StepRecord: Sendable, Equatable {
         self.failed = failed
         self.detail = detail
         self.finishing = finishing
+    }
+}
+
+/// What one write of outcomes came to.
+public struct JournalWrite: Sendable {
+    /// For each outcome, in order: nil when it was recorded, or why it was not.
+    public var refusals: [JournalError?]
+    /// When the write became durable (not when its caller ran again).
+    public var durableAt: ContinuousClock.Instant
+
+    public init(refusals: [JournalError?], durableAt: ContinuousClock.Instant = .now) {
+        self.refusals = refusals
+        self.durableAt = durableAt
     }
 }
 
@@ -366,8 +387,7 @@ public struct StepRunner: Sendable {
                     logger.info("step done", metadata: about.merging(["warden.detail": "\(detail)"]) { $1 })
                     let record = StepRecord(eventID: event.eventID, index: step.index, failed: false, detail: detail,
                                             finishing: finishing(false))
-                    guard await outcomes.write(record) else { return .stopped }
-                    observer.outcomeDurable(since: answeredAt)
+                    guard await outcomes.write(record, answeredAt: answeredAt) else { return .stopped }
                     return .recorded(failed: false)
                 case .failed(let reason):
                     logger.critical("step failed permanently; dead-lettered", metadata: about.merging(["warden.reason": "\(reason)"]) { $1 })
@@ -383,8 +403,7 @@ public struct StepRunner: Sendable {
                     }
                     let record = StepRecord(eventID: event.eventID, index: step.index, failed: true, detail: reason,
                                             finishing: finishing(true))
-                    guard await outcomes.write(record) else { return .stopped }
-                    observer.outcomeDurable(since: answeredAt)
+                    guard await outcomes.write(record, answeredAt: answeredAt) else { return .stopped }
                     return .recorded(failed: true)
                 case .retry(let reason, let after):
                     observer.retried("step")
@@ -452,6 +471,10 @@ public struct StepRunner: Sendable {
 /// round after round while its own event waits. Several writes may be under way at once, so an
 /// outcome never waits for a whole earlier write of outcomes before its own begins (the SQLite
 /// ledger then joins them in one transaction).
+///
+/// A journal that groups concurrent writes itself (`groupsConcurrentWrites`: the SQLite ledger's
+/// writer thread) gets each outcome as it comes instead: gathering here would make outcomes wait
+/// for a writer task to run again, behind every event's work, before their write could start.
 final class OutcomeWriter: Sendable {
     static let maximumWriters = 4
 
@@ -462,8 +485,15 @@ final class OutcomeWriter: Sendable {
         case write
     }
 
+    private struct Waiting {
+        var id: Int
+        var record: StepRecord
+        /// When the step's target answered, if it did (the metric of time to durable).
+        var answeredAt: ContinuousClock.Instant?
+    }
+
     private struct State {
-        var waiting: [(id: Int, record: StepRecord)] = []
+        var waiting: [Waiting] = []
         /// Writes under way, and turns to write handed to callers not yet writing.
         var writers = 0
         /// Callers handed a turn to write that have not taken it yet.
@@ -489,11 +519,14 @@ final class OutcomeWriter: Sendable {
     /// Records `record`; true once it is durable, false when the process stopped first or the
     /// step could not be recorded (recorded already by another owner, or refused for good):
     /// then the event is left for its next delivery.
-    func write(_ record: StepRecord) async -> Bool {
+    func write(_ record: StepRecord, answeredAt: ContinuousClock.Instant? = nil) async -> Bool {
+        // The journal gathers concurrent writes on a thread of its own: no task needs to run
+        // again before the next write starts.
+        if journal.groupsConcurrentWrites { return await write([Waiting(id: -1, record: record, answeredAt: answeredAt)])[0] }
         let (id, writes) = state.withLock { s -> (Int, Bool) in
             let id = s.next
             s.next += 1
-            s.waiting.append((id, record))
+            s.waiting.append(Waiting(id: id, record: record, answeredAt: answeredAt))
             guard s.writers < Self.maximumWriters else { return (id, false) }
             s.writers += 1
             return (id, true)
@@ -522,11 +555,15 @@ final class OutcomeWriter: Sendable {
 
     /// Writes `records` in one write; when the journal refuses it for good, one by one, so a
     /// record it can never hold does not keep the others from being recorded.
-    private func write(_ records: [StepRecord]) async -> [Bool] {
-        switch await persistence.attempting("ledger", { try await journal.record(records) }) {
-        case .done(let refusals) where refusals.count == records.count:
-            return refusals.map { refusal in
-                if let refusal { persistence.logger.notice("step not recorded", metadata: ["warden.reason": "\(refusal)"]) }
+    private func write(_ records: [Waiting]) async -> [Bool] {
+        switch await persistence.attempting("ledger", { try await journal.record(records.map(\.record)) }) {
+        case .done(let written) where written.refusals.count == records.count:
+            return zip(records, written.refusals).map { entry, refusal in
+                if let refusal {
+                    persistence.logger.notice("step not recorded", metadata: ["warden.reason": "\(refusal)"])
+                } else if let answeredAt = entry.answeredAt {
+                    persistence.observer.outcomeDurable(after: written.durableAt - answeredAt)
+                }
                 return refusal == nil
             }
         case .done, .stopped:
@@ -543,12 +580,12 @@ final class OutcomeWriter: Sendable {
     /// One write of everything waiting; then the turn passes to the owner of the first outcome
     /// still waiting that has none yet, or the writer slot is given back.
     private func writeWaiting(as writer: Int) async {
-        let batch = state.withLock { s -> [(id: Int, record: StepRecord)] in
+        let batch = state.withLock { s -> [Waiting] in
             s.turns.remove(writer)
             defer { s.waiting = [] }
             return s.waiting
         }
-        let answers = batch.isEmpty ? [] : await write(batch.map(\.record))
+        let answers = batch.isEmpty ? [] : await write(batch)
         let woken = state.withLock { s -> [(CheckedContinuation<Wake, Never>, Wake)] in
             var woken: [(CheckedContinuation<Wake, Never>, Wake)] = []
             func wake(_ id: Int, _ wake: Wake) {

@@ -15,7 +15,7 @@ public protocol Ledger: Sendable {
     /// recorded is never run again. Only a pending step is recorded: for each record, nil when
     /// it was, or the conflict that kept it (recorded already, by another owner of its event;
     /// no such step). A record with `finishing` also records its event's outcome (its last step).
-    func recordSteps(_ records: [RecordedStep]) async throws(LedgerError) -> [LedgerError?]
+    func recordSteps(_ records: [RecordedStep]) async throws(LedgerError) -> RecordedSteps
     /// Takes, or renews, the right to run an event's steps for `seconds`: granted when no one
     /// holds it, when its holder's time has run out, or when `owner` holds it already. Two
     /// processes (a partition's old and new owner after a rebalance) never run one event's
@@ -37,16 +37,34 @@ public protocol Ledger: Sendable {
     func isReachable() async -> Bool
     /// Finishes pending writes and closes.
     func close() async
+    /// True when concurrent writes are put in shared transactions by the ledger itself.
+    var groupsConcurrentWrites: Bool { get }
 }
 
 extension Ledger {
+    public var groupsConcurrentWrites: Bool { false }
+
     /// Records one step's outcome (`recordSteps`), throwing the conflict that kept it.
     public func recordStep(_ index: Int, of eventID: Int64, status: StepStatus, detail: String, finishing: EventOutcome? = nil)
         async throws(LedgerError)
     {
-        let refusals = try await recordSteps([RecordedStep(eventID: eventID, index: index, status: status, detail: detail,
-                                                           finishing: finishing)])
-        if let refusal = refusals.first ?? nil { throw refusal }
+        let written = try await recordSteps([RecordedStep(eventID: eventID, index: index, status: status, detail: detail,
+                                                          finishing: finishing)])
+        if let refusal = written.refusals.first ?? nil { throw refusal }
+    }
+}
+
+/// What one write of steps' outcomes came to.
+public struct RecordedSteps: Sendable {
+    /// For each record, in order: nil when it was recorded, or the conflict that kept it.
+    public var refusals: [LedgerError?]
+    /// When the write became durable (its transaction committed), which may be well before its
+    /// caller runs again.
+    public var durableAt: ContinuousClock.Instant
+
+    public init(refusals: [LedgerError?], durableAt: ContinuousClock.Instant = .now) {
+        self.refusals = refusals
+        self.durableAt = durableAt
     }
 }
 

@@ -203,7 +203,12 @@ public final class PostgresLedger: Ledger {
         }
     }
 
-    public func recordSteps(_ records: [RecordedStep]) async throws(LedgerError) -> [LedgerError?] {
+    public func recordSteps(_ records: [RecordedStep]) async throws(LedgerError) -> RecordedSteps {
+        // Durable when the commit's answer arrives, just before this task runs again.
+        RecordedSteps(refusals: try await recordStepsInOneTransaction(records))
+    }
+
+    private func recordStepsInOneTransaction(_ records: [RecordedStep]) async throws(LedgerError) -> [LedgerError?] {
         try await transaction("record steps") { connection in
             let now = Date().timeIntervalSince1970
             var refusals: [LedgerError?] = []

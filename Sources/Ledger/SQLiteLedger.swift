@@ -236,8 +236,8 @@ public final class SQLiteLedger: Ledger {
         }
     }
 
-    public func recordSteps(_ records: [RecordedStep]) async throws(LedgerError) -> [LedgerError?] {
-        try await writer.submit(urgent: true) { db in
+    public func recordSteps(_ records: [RecordedStep]) async throws(LedgerError) -> RecordedSteps {
+        let (refusals, committedAt) = try await writer.submitTimed(urgent: true) { db in
             let now = Date().timeIntervalSince1970
             var refusals: [LedgerError?] = []
             refusals.reserveCapacity(records.count)
@@ -269,6 +269,7 @@ public final class SQLiteLedger: Ledger {
             }
             return refusals
         }
+        return RecordedSteps(refusals: refusals, durableAt: committedAt)
     }
 
     public func steps(ofEvent eventID: Int64) async throws(LedgerError) -> [OutboxStep] {
@@ -301,6 +302,9 @@ public final class SQLiteLedger: Ledger {
     func synchronousLevel() async throws(LedgerError) -> Int {
         try await writer.submit { db in try Int.fetchOne(db, sql: "PRAGMA synchronous") ?? -1 }
     }
+
+    /// Its writer thread puts every write queued in one transaction.
+    public var groupsConcurrentWrites: Bool { true }
 
     public func isReachable() async -> Bool {
         (try? await writer.submit { db in try Int.fetchOne(db, sql: "SELECT 1") }) != nil
@@ -434,7 +438,8 @@ final class BatchWriter: Sendable {
     /// One caller's write: runs inside the shared transaction, answers after it commits.
     struct Job: Sendable {
         let execute: @Sendable (Database) throws -> Void
-        let complete: @Sendable ((any Error)?) -> Void
+        /// Called on the writer's thread: when the transaction committed, or why it failed.
+        let complete: @Sendable (Result<ContinuousClock.Instant, any Error>) -> Void
     }
 
     private struct Queue {
@@ -462,13 +467,21 @@ final class BatchWriter: Sendable {
     /// of its own ahead of the queued intake writes, so it waits for at most the one already
     /// running, not for every batch queued before it.
     func submit<T: Sendable>(urgent: Bool = false, _ body: @escaping @Sendable (Database) throws -> T) async throws(LedgerError) -> T {
-        let result: Result<T, LedgerError> = await withCheckedContinuation { continuation in
+        try await submitTimed(urgent: urgent, body).0
+    }
+
+    /// `submit`, also telling when the transaction committed.
+    func submitTimed<T: Sendable>(urgent: Bool = false, _ body: @escaping @Sendable (Database) throws -> T)
+        async throws(LedgerError) -> (T, ContinuousClock.Instant)
+    {
+        let result: Result<(T, ContinuousClock.Instant), LedgerError> = await withCheckedContinuation { continuation in
             let box = ResultBox<T>()
-            let job = Job(execute: { db in box.set(try body(db)) }, complete: { error in
-                if let error {
+            let job = Job(execute: { db in box.set(try body(db)) }, complete: { result in
+                switch result {
+                case .failure(let error):
                     continuation.resume(returning: .failure(error as? LedgerError ?? LedgerError(SQLiteLedger.kind(of: error), "ledger write failed: \(error)")))
-                } else {
-                    continuation.resume(returning: .success(box.take()))
+                case .success(let committedAt):
+                    continuation.resume(returning: .success((box.take(), committedAt)))
                 }
             })
             let accepted = queue.withLock { q -> Bool in
@@ -517,10 +530,11 @@ final class BatchWriter: Sendable {
                 for job in batch { try job.execute(db) }
                 return .commit
             }
-            for job in batch { job.complete(nil) }
+            let committedAt = ContinuousClock.now
+            for job in batch { job.complete(.success(committedAt)) }
         } catch {
             guard batch.count > 1 else {
-                batch[0].complete(error)
+                batch[0].complete(.failure(error))
                 return
             }
             for job in batch {
@@ -529,9 +543,9 @@ final class BatchWriter: Sendable {
                         try job.execute(db)
                         return .commit
                     }
-                    job.complete(nil)
+                    job.complete(.success(ContinuousClock.now))
                 } catch {
-                    job.complete(error)
+                    job.complete(.failure(error))
                 }
             }
         }

@@ -483,6 +483,8 @@ final class SharedIndex: Sendable {
 struct LedgerJournal: StepJournal {
     let ledger: any Ledger
 
+    var groupsConcurrentWrites: Bool { ledger.groupsConcurrentWrites }
+
     func steps(ofEvent eventID: Int64) async throws(JournalError) -> [JournalStep] {
         do { return try await ledger.steps(ofEvent: eventID).map(JournalStep.init) } catch { throw JournalError(error) }
     }
@@ -491,12 +493,15 @@ struct LedgerJournal: StepJournal {
         do { return try await ledger.lease(event: eventID, owner: owner, seconds: seconds) } catch { throw JournalError(error) }
     }
 
-    func record(_ outcomes: [StepRecord]) async throws(JournalError) -> [JournalError?] {
+    func record(_ outcomes: [StepRecord]) async throws(JournalError) -> JournalWrite {
         let records = outcomes.map {
             RecordedStep(eventID: $0.eventID, index: $0.index, status: $0.failed ? .failed : .done, detail: $0.detail,
                          finishing: $0.finishing.map(EventOutcome.init))
         }
-        do { return try await ledger.recordSteps(records).map { $0.map(JournalError.init) } } catch { throw JournalError(error) }
+        do {
+            let written = try await ledger.recordSteps(records)
+            return JournalWrite(refusals: written.refusals.map { $0.map(JournalError.init) }, durableAt: written.durableAt)
+        } catch { throw JournalError(error) }
     }
 
     func finish(event eventID: Int64, outcome: EventEnd) async throws(JournalError) {
@@ -532,5 +537,5 @@ extension EventOutcome {
 extension WardenMetrics: StepObserver {
     public func failedForGood(_ what: String) { counter("warden_permanent_failures_total", [("what", what)]).increment() }
     public func stepAnswered(kind: String, result: String) { step(kind: kind, result: result) }
-    public func outcomeDurable(since answeredAt: ContinuousClock.Instant) { stepRecordSeconds.recordElapsed(since: answeredAt) }
+    public func outcomeDurable(after wait: Duration) { stepRecordSeconds.record(wait) }
 }

@@ -67,8 +67,10 @@ final class MetricCache<Metric: Sendable>: Sendable {
 
 extension Timer {
     /// Records the time elapsed since `start`.
-    func recordElapsed(since start: ContinuousClock.Instant) {
-        let elapsed = (ContinuousClock.now - start).components
-        recordNanoseconds(elapsed.seconds * 1_000_000_000 + elapsed.attoseconds / 1_000_000_000)
+    func recordElapsed(since start: ContinuousClock.Instant) { record(ContinuousClock.now - start) }
+
+    func record(_ duration: Duration) {
+        let parts = duration.components
+        recordNanoseconds(max(0, parts.seconds * 1_000_000_000 + parts.attoseconds / 1_000_000_000))
     }
 }

@@ -23,6 +23,14 @@ struct StepRunnerTests {
         }
 
         let state = Mutex(State())
+        let groupsConcurrentWrites: Bool
+        /// When every write says it became durable (nil: when it returns).
+        let durableAt: ContinuousClock.Instant?
+
+        init(groupsConcurrentWrites: Bool = false, durableAt: ContinuousClock.Instant? = nil) {
+            self.groupsConcurrentWrites = groupsConcurrentWrites
+            self.durableAt = durableAt
+        }
 
         func hold() { state.withLock { $0.holding = true } }
 
@@ -47,7 +55,7 @@ struct StepRunnerTests {
         var mostInFlight: Int { state.withLock { $0.mostInFlight } }
         var writes: [[StepRecord]] { state.withLock { $0.writes } }
 
-        func record(_ outcomes: [StepRecord]) async throws(JournalError) -> [JournalError?] {
+        func record(_ outcomes: [StepRecord]) async throws(JournalError) -> JournalWrite {
             state.withLock { s in
                 s.inFlight += 1
                 s.mostInFlight = max(s.mostInFlight, s.inFlight)
@@ -66,7 +74,8 @@ struct StepRunnerTests {
                 throw JournalError("the journal cannot hold this detail", isRetryable: false)
             }
             state.withLock { $0.writes.append(outcomes) }
-            return outcomes.map { $0.index == 99 ? JournalError("already recorded", isRetryable: false) : nil }
+            return JournalWrite(refusals: outcomes.map { $0.index == 99 ? JournalError("already recorded", isRetryable: false) : nil },
+                                durableAt: durableAt ?? .now)
         }
 
         func steps(ofEvent eventID: Int64) async throws(JournalError) -> [JournalStep] { [] }
@@ -79,14 +88,24 @@ struct StepRunnerTests {
         func failedForGood(_ what: String) {}
         func stepAnswered(kind: String, result: String) {}
         func deadLettered() {}
-        func outcomeDurable(since answeredAt: ContinuousClock.Instant) {}
+        func outcomeDurable(after wait: Duration) {}
     }
 
-    static func writer(_ journal: GatedJournal) -> OutcomeWriter {
+    /// Keeps the times to durable it is told.
+    final class Waits: StepObserver {
+        let waits = Mutex<[Duration]>([])
+        func retried(_ what: String) {}
+        func failedForGood(_ what: String) {}
+        func stepAnswered(kind: String, result: String) {}
+        func deadLettered() {}
+        func outcomeDurable(after wait: Duration) { waits.withLock { $0.append(wait) } }
+    }
+
+    static func writer(_ journal: GatedJournal, observer: any StepObserver = Counting()) -> OutcomeWriter {
         var logger = Logger(label: "step-runner-test")
         logger.logLevel = .critical
         let persistence = Persistence(timing: .init(initialBackoff: .milliseconds(10), maximumBackoff: .milliseconds(20)),
-                                      stop: StopSignal(), observer: Counting(), logger: logger,
+                                      stop: StopSignal(), observer: observer, logger: logger,
                                       isRetryable: { ($0 as? JournalError)?.isRetryable ?? true })
         return OutcomeWriter(journal: journal, persistence: persistence)
     }
@@ -117,6 +136,29 @@ struct StepRunnerTests {
         #expect(writes.count == OutcomeWriter.maximumWriters + 1)
         #expect(journal.mostInFlight == OutcomeWriter.maximumWriters)
         #expect(Set(writes.flatMap { $0.map(\.eventID) }) == Set(1...51))
+    }
+
+    // A journal with a writer of its own (the SQLite ledger's thread) gets every outcome as it
+    // comes: none waits for a task to run again before its write starts. The time to durable is
+    // counted to when the journal says the write became durable, not to when its caller ran again.
+    @Test func aJournalThatGroupsWritesGetsEachOutcomeAsItComes() async throws {
+        let durableAt = ContinuousClock.now
+        let journal = GatedJournal(groupsConcurrentWrites: true, durableAt: durableAt)
+        let observer = Waits()
+        let writer = Self.writer(journal, observer: observer)
+        journal.hold()
+        let answeredAt = durableAt - .milliseconds(7)
+        try await withThrowingTaskGroup(of: Bool.self) { group in
+            for event in 1...20 { group.addTask { await writer.write(Self.record(Int64(event)), answeredAt: answeredAt) } }
+            #expect(await eventually { journal.heldWrites == 20 })
+            #expect(writer.waitingCount == 0)
+            journal.release()
+            var recorded = 0
+            for try await ok in group where ok { recorded += 1 }
+            #expect(recorded == 20)
+        }
+        #expect(journal.writes.count == 20)
+        #expect(observer.waits.withLock { $0 } == Array(repeating: .milliseconds(7), count: 20))
     }
 
     // A writer whose own outcome is durable returns, and hands the writing of what arrived

@@ -86,8 +86,8 @@ final class MemoryLedger: Ledger {
         }
     }
 
-    func recordSteps(_ records: [RecordedStep]) async throws(LedgerError) -> [LedgerError?] {
-        try write { (s: inout State) throws(LedgerError) -> [LedgerError?] in
+    func recordSteps(_ records: [RecordedStep]) async throws(LedgerError) -> RecordedSteps {
+        RecordedSteps(refusals: try write { (s: inout State) throws(LedgerError) -> [LedgerError?] in
             records.map { record -> LedgerError? in
                 guard let i = s.events.firstIndex(where: { $0.id == record.eventID }),
                       let j = s.events[i].steps.firstIndex(where: { $0.index == record.index })
@@ -100,7 +100,7 @@ final class MemoryLedger: Ledger {
                 if let finishing = record.finishing { s.events[i].outcome = finishing }
                 return nil
             }
-        }
+        })
     }
 
     func lease(event eventID: Int64, owner: String, seconds: Double) async throws(LedgerError) -> Bool {
