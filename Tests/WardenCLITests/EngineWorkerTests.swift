@@ -256,15 +256,20 @@ extension EngineWorkerTests {
 }
 
 extension EngineWorkerTests {
-    @Test func aRedeliveryWhileTheFirstDeliveryStillActsDoesNotRepeatItsSteps() async throws {
-        let hooks = try await KeyServer.start()
-        hooks.serve("/hook", .init(body: "", status: 503))
-        let setup = try WorkerTests.Setup(extra: """
+    /// A worker whose policy notifies the webhook at `hooks`' `/hook` of every sessions-revoked event.
+    static func notifying(_ hooks: KeyServer) throws -> WorkerTests.Setup {
+        try WorkerTests.Setup(extra: """
             targets:
               app: {webhook: {url: "\(hooks.url("/hook"))", hmac-secret: k}}
             policy:
               sessions-revoked: [{notify: {target: app}}]
             """)
+    }
+
+    @Test func aRedeliveryWhileTheFirstDeliveryStillActsDoesNotRepeatItsSteps() async throws {
+        let hooks = try await KeyServer.start()
+        hooks.serve("/hook", .init(body: "", status: 503))
+        let setup = try Self.notifying(hooks)
         defer { setup.cleanUp() }
         let worker = try WorkerProcess(config: setup.config)
         _ = try await worker.httpPort()
@@ -294,12 +299,7 @@ extension EngineWorkerTests {
     @Test func sigtermDuringARebalanceWhileStepsFailExitsZero() async throws {
         let hooks = try await KeyServer.start()
         hooks.serve("/hook", .init(body: "", status: 503))
-        let setup = try WorkerTests.Setup(extra: """
-            targets:
-              app: {webhook: {url: "\(hooks.url("/hook"))", hmac-secret: k}}
-            policy:
-              sessions-revoked: [{notify: {target: app}}]
-            """)
+        let setup = try Self.notifying(hooks)
         defer { setup.cleanUp() }
         let first = try WorkerProcess(config: setup.config)
         _ = try await first.httpPort()
