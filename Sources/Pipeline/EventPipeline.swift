@@ -19,13 +19,18 @@ public struct EventPipeline: Sendable {
     public let maximumUnwritten: Int
     /// Most records one ledger write holds.
     public let maximumWrite: Int
+    /// Most records one ledger write holds while events' steps are running. Their outcomes are
+    /// written between two intake writes, so each waits for at most the one under way: kept
+    /// short, an answered revocation is durable within milliseconds (`warden_step_record_seconds`).
+    public let maximumWriteWhileActing: Int
 
     public init(processor: EventProcessor, maximumWaitingForKeys: Int = 10_000, maximumUnwritten: Int = 16_384,
-                maximumWrite: Int = 1024) {
+                maximumWrite: Int = 1024, maximumWriteWhileActing: Int = 128) {
         self.processor = processor
         self.maximumWaitingForKeys = maximumWaitingForKeys
         self.maximumUnwritten = maximumUnwritten
         self.maximumWrite = maximumWrite
+        self.maximumWriteWhileActing = maximumWriteWhileActing
     }
 
     var metrics: WardenMetrics { processor.metrics }
@@ -35,6 +40,7 @@ public struct EventPipeline: Sendable {
     /// (`processor.stop`), what is not durable yet is settled `.abandoned`.
     public func run(_ input: some AsyncSequence<[IntakeRecord], Never> & Sendable) async {
         let processor = self.processor, maximumWrite = max(1, self.maximumWrite)
+        let maximumWriteWhileActing = max(1, min(self.maximumWriteWhileActing, maximumWrite))
         let writeQueue = BatchQueue<EventProcessor.Admitted>(limit: maximumUnwritten)
         let checkedQueue = BatchQueue<EventProcessor.Checked>(limit: 1)
         let waiting = WaitingRoom(limit: maximumWaitingForKeys)
@@ -60,22 +66,28 @@ public struct EventPipeline: Sendable {
                 writeQueue.close()
             }
             // The ledger writer: it takes every batch admitted since its last write and writes
-            // them in order, in atomic writes of at most `maximumWrite` records (a step's
-            // outcome, written between two of them, never waits behind a very large one);
-            // while it waits for the disk, verification and admission go on, so the next write
-            // is larger rather than later. Events with steps go to the step lanes; the writer
-            // goes on meanwhile.
+            // them in order, in atomic writes of at most `maximumWrite` records, or
+            // `maximumWriteWhileActing` while steps run (a step's outcome, written between two
+            // of them, waits for one short write at most); while it waits for the disk,
+            // verification and admission go on, so the next write is larger rather than later.
+            // Events with steps go to the step lanes; the writer goes on meanwhile.
             group.addTask {
+                let acting = SharedCount()
                 // Discarding: a long-running worker does not keep a result per finished event.
                 await withDiscardingTaskGroup { steps in
                     while let ready = await writeQueue.takeAll() {
                         let records = Array(ready.joined())
-                        for start in stride(from: 0, to: records.count, by: maximumWrite) {
-                            let part = Array(records[start..<min(start + maximumWrite, records.count)])
+                        var start = 0
+                        while start < records.count {
+                            let end = min(start + (acting.value > 0 ? maximumWriteWhileActing : maximumWrite), records.count)
+                            let part = Array(records[start..<end])
+                            start = end
                             for work in await processor.record(part) {
                                 let subjectKey = work.subjectKey
                                 let turn = lanes.enter(subjectKey)
+                                acting.add(1)
                                 steps.addTask {
+                                    defer { acting.add(-1) }
                                     // A later event of this subject must not act before this
                                     // one: when the process stops, the subject's later ones stop too.
                                     let previousPassed = await turn.previous?.wait() ?? true

@@ -375,7 +375,7 @@ public struct EventProcessor: Sendable {
         }
         // Each task takes the next unverified message, so a task slowed by another thread on
         // its core does not leave the others idle at the end of the batch.
-        let next = SharedIndex()
+        let next = SharedCount()
         return await withTaskGroup(of: [(Int, Result<Verified, VerificationError>)].self) { group in
             for _ in 0..<workers {
                 group.addTask {
@@ -474,9 +474,13 @@ struct OutcomeCounts {
 }
 
 /// An index handed out once to each of several tasks.
-final class SharedIndex: Sendable {
-    private let next = Atomic<Int>(0)
-    func take() -> Int { next.add(1, ordering: .relaxed).oldValue }
+/// A count shared by tasks: the next index to take, or how many of something are under way.
+final class SharedCount: Sendable {
+    private let count = Atomic<Int>(0)
+    /// The count before this call added one.
+    func take() -> Int { count.add(1, ordering: .relaxed).oldValue }
+    func add(_ n: Int) { count.add(n, ordering: .relaxed) }
+    var value: Int { count.load(ordering: .relaxed) }
 }
 
 /// The ledger's outbox, as the step runner sees it.

@@ -167,6 +167,32 @@ struct CoreTests {
         if case .recorded = door.disposition(0) {} else { Issue.record("w-1: \(String(describing: door.disposition(0)))") }
     }
 
+    // While events' steps run, the intake's ledger writes are short, so a step's outcome
+    // (written between two of them) waits for little; with no step running they may be long.
+    @Test func whileStepsRunTheIntakesWritesAreShort() async throws {
+        let world = World()
+        let pipeline = EventPipeline(processor: world.processor, maximumWrite: 1024, maximumWriteWhileActing: 8)
+        let door = HandDoor()
+        let running = Task { await pipeline.run(door.stream) }
+        door.feed((0..<40).map { Self.token(Self.issuerA, "u\($0)", jti: "u-\($0)", key: Self.keyA) })
+        #expect(await eventually { door.settled.all.compactMap { $0 }.count == 40 })
+        #expect(world.ledger.state.withLock { $0.intakeWrites } == [40])
+
+        world.executor.hold("held")
+        door.feed([Self.token(Self.issuerA, "held", jti: "held", key: Self.keyA)])
+        #expect(await eventually { world.executor.waiting("held") == 1 })
+        door.feed((0..<40).map { Self.token(Self.issuerA, "v\($0)", jti: "v-\($0)", key: Self.keyA) })
+        #expect(await eventually { world.ledger.event("v-39") != nil })
+        #expect(world.ledger.state.withLock { $0.intakeWrites } == [40, 1, 8, 8, 8, 8, 8])
+
+        world.executor.release("held")
+        door.continuation.finish()
+        await running.value
+        let settled = door.settled.all
+        #expect(settled.count == 81)
+        #expect(settled.allSatisfy { if case .recorded(_, .processed)? = $0 { true } else { false } })
+    }
+
     // Failures a retry can mend (the ledger, the dead-letter topic unavailable for a moment)
     // are retried; every record ends recorded or rejected, none abandoned.
     @Test func transientLedgerAndDeadLetterFailuresAreRetried() async {

@@ -27,6 +27,8 @@ final class MemoryLedger: Ledger {
         var unavailableWrites = 0
         var refusedJTIs: Set<String> = []
         var writes = 0
+        /// How many entries each `record(_:)` call held (the intake's writes).
+        var intakeWrites: [Int] = []
     }
 
     let state = Mutex(State())
@@ -65,7 +67,8 @@ final class MemoryLedger: Ledger {
     }
 
     func record(_ entries: [LedgerEntry]) async throws(LedgerError) -> [Claim?] {
-        try write { (s: inout State) throws(LedgerError) -> [Claim?] in
+        state.withLock { $0.intakeWrites.append(entries.count) }
+        return try write { (s: inout State) throws(LedgerError) -> [Claim?] in
             var claims: [Claim?] = []
             for entry in entries {
                 switch entry {
