@@ -59,6 +59,29 @@ public enum StepAction: Sendable, Hashable, Codable {
         }
     }
 
+    /// The action as `Codable` forms it: the case's name, holding its labelled values (an
+    /// absent optional left out).
+    var json: JSONValue {
+        func strings(_ texts: [String]) -> JSONValue { .array(texts.map { .string($0) }) }
+        func optional(_ name: String, _ value: JSONValue?) -> [(String, JSONValue)] { value.map { [(name, $0)] } ?? [] }
+        let (name, members): (String, [(String, JSONValue)]) = switch self {
+        case .purgeSet(let target, let set): ("purgeSet", [("target", .string(target)), ("set", .string(set))])
+        case .purgeKeys(let target, let keys): ("purgeKeys", [("target", .string(target)), ("keys", strings(keys))])
+        case .purgePattern(let target, let pattern): ("purgePattern", [("target", .string(target)), ("pattern", .string(pattern))])
+        case .setFlag(let target, let key, let value, let ttl):
+            ("setFlag", [("target", .string(target)), ("key", .string(key)), ("value", .string(value))]
+                + optional("ttl", ttl.map { .number($0) }))
+        case .deleteToken(let store): ("deleteToken", [("store", .string(store))])
+        case .deleteTokens(let store): ("deleteTokens", [("store", .string(store))])
+        case .revokeTokens(let store, let target, let hint):
+            ("revokeTokens", [("store", .string(store)), ("target", .string(target))] + optional("tokenTypeHint", hint.map { .string($0) }))
+        case .notify(let target): ("notify", [("target", .string(target))])
+        case .sql(let target, let statement, let parameters):
+            ("sql", [("target", .string(target)), ("statement", .string(statement)), ("parameters", strings(parameters))])
+        }
+        return .object(JSONObject([(name, .object(JSONObject(members)))]))
+    }
+
     /// Every text that may hold placeholders.
     var templates: [String] {
         switch self {

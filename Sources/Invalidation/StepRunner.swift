@@ -1,4 +1,5 @@
 import Foundation
+import SecurityEvents
 public import Logging
 import Synchronization
 
@@ -167,10 +168,12 @@ public struct EventSteps: Sendable {
 }
 
 extension PlannedStep {
-    /// The step as the journal keeps it: JSON text.
-    public var encoded: String {
-        // A PlannedStep holds only strings, numbers and arrays of them: encoding cannot fail.
-        String(decoding: (try? JSONEncoder().encode(self)) ?? Data(), as: UTF8.self)
+    /// The step as the journal keeps it: JSON text, in the form `Codable` gives it (which
+    /// `init(encoded:)` reads), written directly: it is written for every step of every event.
+    public var encoded: String { json.jsonText }
+
+    var json: JSONValue {
+        ["index": .number(Double(index)), "eventType": .string(eventType), "action": action.json]
     }
 
     public init?(encoded text: String) {
@@ -324,10 +327,11 @@ public struct StepRunner: Sendable {
         var attempt = 0, refusals = 0
         var previousCall: Double? = nil
         let target = planned.action.targets.first ?? planned.action.store.map { "store:" + $0 } ?? step.kind
-        let about: Logger.Metadata = [
+        // Built only for a message that is logged (a step is run for every event).
+        func about() -> Logger.Metadata { [
             "warden.event_id": "\(event.eventID)", "warden.step": "\(step.index)", "warden.kind": "\(step.kind)",
             "warden.target": "\(target)",
-        ]
+        ] }
         let stop = persistence.stop
         while true {
             // The lease first, outside the action: waiting for another owner's lease must not
@@ -384,13 +388,13 @@ public struct StepRunner: Sendable {
                 let answeredAt = ContinuousClock.now
                 switch outcome {
                 case .done(let detail):
-                    logger.info("step done", metadata: about.merging(["warden.detail": "\(detail)"]) { $1 })
+                    logger.info("step done", metadata: about().merging(["warden.detail": "\(detail)"]) { $1 })
                     let record = StepRecord(eventID: event.eventID, index: step.index, failed: false, detail: detail,
                                             finishing: finishing(false))
                     guard await outcomes.write(record, answeredAt: answeredAt) else { return .stopped }
                     return .recorded(failed: false)
                 case .failed(let reason):
-                    logger.critical("step failed permanently; dead-lettered", metadata: about.merging(["warden.reason": "\(reason)"]) { $1 })
+                    logger.critical("step failed permanently; dead-lettered", metadata: about().merging(["warden.reason": "\(reason)"]) { $1 })
                     let description = "\(step.kind) step \(step.index) failed: \(reason)"
                     let sent = await persistence.attempting("dead-letter") {
                         try await deadLetters.deadLetter(value: event.message, code: "step-failed", description: description,
@@ -407,7 +411,7 @@ public struct StepRunner: Sendable {
                     return .recorded(failed: true)
                 case .retry(let reason, let after):
                     observer.retried("step")
-                    logger.warning("step will be retried", metadata: about.merging([
+                    logger.warning("step will be retried", metadata: about().merging([
                         "warden.reason": "\(reason)", "warden.attempt": "\(attempt)",
                     ]) { $1 })
                     // While the target is down its breaker paces the calls: a step's own backoff

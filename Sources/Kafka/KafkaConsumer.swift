@@ -55,19 +55,24 @@ final class ConsumerState: Sendable {
     /// The lifecycle: what the poll thread does next.
     let machine: Mutex<ConsumerStateMachine>
     let revocationGrace: Duration
-    /// Signalled when a message finishes while the poll thread waits for room.
+    /// Signalled when messages finish while the poll thread waits for room.
     let room = DispatchSemaphore(value: 0)
     /// Whether the poll thread waits on `room` (so finishing messages signal it only then).
     let waitingForRoom = Atomic(false)
+    /// A poll thread waiting for room is woken once no more than this many messages are in
+    /// flight: room for a whole poll round, not one wake (two thread switches) per message
+    /// finished while the intake is full.
+    let roomAt: Int
 
-    /// Wakes the poll thread if it waits for room.
-    func madeRoom() {
-        if waitingForRoom.exchange(false, ordering: .acquiringAndReleasing) { room.signal() }
+    /// Wakes the poll thread if it waits for room and `inFlight` leaves enough.
+    func madeRoom(inFlight: Int) {
+        if inFlight <= roomAt, waitingForRoom.exchange(false, ordering: .acquiringAndReleasing) { room.signal() }
     }
 
     init(maximumInFlight: Int, revocationGrace: Duration) {
         self.machine = Mutex(ConsumerStateMachine(maximumInFlight: maximumInFlight))
         self.revocationGrace = revocationGrace
+        self.roomAt = maximumInFlight - max(1, min(KafkaConsumer.maximumBatch, maximumInFlight / 8))
     }
 }
 
@@ -129,10 +134,11 @@ public final class KafkaConsumer: Sendable {
     /// The message's outcome is durable: its offset may be committed once every earlier
     /// message of its partition is finished too.
     public func finished(_ message: KafkaMessage) {
-        state.tracker.withLock {
+        let inFlight = state.tracker.withLock {
             $0.finished(TopicPartition(message.topic, message.partition), offset: message.offset, assignment: message.assignment)
+            return $0.inFlight
         }
-        state.madeRoom()
+        state.madeRoom(inFlight: inFlight)
     }
 
     /// Stops handing out messages (the stream ends) while staying in the group, so in-flight
@@ -177,10 +183,11 @@ public final class KafkaConsumer: Sendable {
             case .resume:
                 setPaused(false)
             case .waitForRoom:
-                // A finished message wakes this; commits go on meanwhile. In-flight is read again
-                // once the flag is up: a message finished just before then woke no one.
+                // Finished messages wake this once there is room for a poll round; commits go on
+                // meanwhile. In-flight is read again once the flag is up: messages finished just
+                // before then woke no one.
                 state.waitingForRoom.store(true, ordering: .sequentiallyConsistent)
-                if state.tracker.withLock({ $0.inFlight }) >= state.machine.withLock({ $0.maximumInFlight }) {
+                if state.tracker.withLock({ $0.inFlight }) > state.roomAt {
                     _ = state.room.wait(timeout: .now() + .milliseconds(100))
                 }
                 commitIfDue(&lastCommit)

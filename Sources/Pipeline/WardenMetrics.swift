@@ -14,6 +14,9 @@ public final class WardenMetrics: Sendable {
     private let receivedFromKafka: Counter
     private let outcomes: [String: Counter]
     private let deadLetters: Counter
+    /// `warden_steps_total` by kind and result, looked up without building a key text (one is
+    /// counted for every step answered).
+    private let stepCounters = Mutex<[StepCounterKey: Counter]>([:])
 
     public init(factory: any MetricsFactory) {
         self.factory = factory
@@ -24,6 +27,11 @@ public final class WardenMetrics: Sendable {
             ($0, Counter(label: "warden_events_total", dimensions: [("outcome", $0)], factory: factory))
         })
         self.deadLetters = Counter(label: "warden_dead_letters_total", dimensions: [], factory: factory)
+    }
+
+    private struct StepCounterKey: Hashable {
+        var kind: String
+        var result: String
     }
 
     /// Buckets for `warden_step_record_seconds`, around the promise that an outcome is
@@ -46,7 +54,16 @@ public final class WardenMetrics: Sendable {
     }
     func verifyFailure(_ code: String) { counter("warden_verify_failures_total", [("err", code)]).increment() }
     public func deadLettered() { deadLetters.increment() }
-    func step(kind: String, result: String) { counter("warden_steps_total", [("kind", kind), ("result", result)]).increment() }
+    func step(kind: String, result: String) {
+        let key = StepCounterKey(kind: kind, result: result)
+        let counter = stepCounters.withLock { made in
+            if let counter = made[key] { return counter }
+            let counter = self.counter("warden_steps_total", [("kind", kind), ("result", result)])
+            made[key] = counter
+            return counter
+        }
+        counter.increment()
+    }
     public func retried(_ reason: String) { counter("warden_retries_total", [("reason", reason)]).increment() }
 }
 

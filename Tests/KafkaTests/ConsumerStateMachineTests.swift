@@ -1,3 +1,4 @@
+import Dispatch
 @testable import Kafka
 import Testing
 
@@ -59,5 +60,26 @@ struct ConsumerStateMachineTests {
         #expect(machine.next(inFlight: 0, now: 0) == .exit)
         machine.stopFetching()
         #expect(machine.state == .closed)
+    }
+}
+
+@Suite("Consumer backpressure wake-ups")
+struct ConsumerRoomTests {
+    // A poll thread waiting for room is woken once there is room for a poll round, not by
+    // every message finished (each wake is two thread switches).
+    @Test func thePollThreadIsWokenOnceThereIsRoomForARound() {
+        let state = ConsumerState(maximumInFlight: 4096, revocationGrace: .seconds(1))
+        #expect(state.roomAt == 4096 - KafkaConsumer.maximumBatch)
+        state.waitingForRoom.store(true, ordering: .sequentiallyConsistent)
+        state.madeRoom(inFlight: 4095)
+        state.madeRoom(inFlight: state.roomAt + 1)
+        #expect(state.room.wait(timeout: .now()) == .timedOut)
+        state.madeRoom(inFlight: state.roomAt)
+        #expect(state.room.wait(timeout: .now()) == .success)
+        // Once: the flag is down until the thread waits again.
+        state.madeRoom(inFlight: 0)
+        #expect(state.room.wait(timeout: .now()) == .timedOut)
+        // A small limit still leaves room for at least one message.
+        #expect(ConsumerState(maximumInFlight: 4, revocationGrace: .seconds(1)).roomAt == 3)
     }
 }
