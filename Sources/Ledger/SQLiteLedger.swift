@@ -59,6 +59,14 @@ public final class SQLiteLedger: Ledger {
         writer = BatchWriter(database: database)
     }
 
+    /// Creates a ledger file with the schema as it was after `migration` (for tests of what a
+    /// later version makes of an older ledger).
+    static func create(path: String, upTo migration: String) throws {
+        try FileManager.default.createDirectory(atPath: URL(fileURLWithPath: path).deletingLastPathComponent().path,
+                                                withIntermediateDirectories: true)
+        try migrator.migrate(DatabaseQueue(path: path), upTo: migration)
+    }
+
     /// Versioned schema migrations; each runs once, in order, in its own transaction.
     static var migrator: DatabaseMigrator {
         var migrator = DatabaseMigrator()
@@ -118,6 +126,18 @@ public final class SQLiteLedger: Ledger {
                 ALTER TABLE events ADD COLUMN lease_until REAL;
                 """)
         }
+        // An event's row is rewritten when its outcome is recorded; its token (over a kilobyte)
+        // is written once, so it goes in a table of its own, appended in id order and never
+        // rewritten. Events recorded before keep theirs in `events.token`; later ones have ''
+        // there.
+        migrator.registerMigration("v4-event-tokens") { db in
+            try db.execute(sql: """
+                CREATE TABLE event_tokens (
+                    event_id INTEGER PRIMARY KEY REFERENCES events(id),
+                    token TEXT NOT NULL
+                );
+                """)
+        }
         return migrator
     }
 
@@ -150,6 +170,8 @@ public final class SQLiteLedger: Ledger {
     private struct EventWriter {
         let db: Database
         let insert: Statement
+        /// The token insert, looked up with the first new event.
+        var insertToken: Statement? = nil
         /// The outbox insert, looked up with the first event that has steps.
         var insertStep: Statement? = nil
         var binder = SQLiteBinder()
@@ -168,7 +190,7 @@ public final class SQLiteLedger: Ledger {
             let inserted = try binder.execute(insert, in: db) {
                 $0.text(event.issuer)
                 $0.text(event.jti)
-                $0.text(utf8: event.tokenBytes)
+                $0.text("")  // kept in `event_tokens`
                 $0.text(event.source)
                 $0.jsonArray(event.eventTypes)
                 $0.text(event.subject)
@@ -186,6 +208,11 @@ public final class SQLiteLedger: Ledger {
             if inserted == 1 {
                 // SQLite's own call: GRDB's property checks the dispatch queue on every read.
                 let id = sqlite3_last_insert_rowid(db.sqliteConnection)
+                insertToken = try insertToken ?? db.cachedStatement(sql: "INSERT INTO event_tokens (event_id, token) VALUES (?, ?)")
+                try binder.execute(insertToken!, in: db) {
+                    $0.integer(id)
+                    $0.text(utf8: event.tokenBytes)
+                }
                 if !steps.isEmpty, insertStep == nil {
                     insertStep = try db.cachedStatement(sql: """
                         INSERT INTO steps (event_id, idx, kind, action, status, detail, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)
@@ -239,15 +266,19 @@ public final class SQLiteLedger: Ledger {
     public func recordSteps(_ records: [RecordedStep]) async throws(LedgerError) -> RecordedSteps {
         let (refusals, committedAt) = try await writer.submitTimed(urgent: true) { db in
             let now = Date().timeIntervalSince1970
+            // Looked up once for the whole write, and bound without building arguments: one
+            // write holds the outcomes of hundreds of steps.
+            let recordStep = try db.cachedStatement(sql: """
+                UPDATE steps SET status = ?, detail = ?, updated_at = ? WHERE event_id = ? AND idx = ? AND status = 'pending'
+                """)
+            var finishEvent: Statement? = nil
+            var binder = SQLiteBinder()
             var refusals: [LedgerError?] = []
             refusals.reserveCapacity(records.count)
             for record in records {
                 // Only a pending step is recorded: one already done or failed (by another owner of
                 // the event, after a rebalance) keeps its outcome, and the caller learns it was not first.
-                var binder = SQLiteBinder()
-                let changed = try binder.execute(db.cachedStatement(sql: """
-                    UPDATE steps SET status = ?, detail = ?, updated_at = ? WHERE event_id = ? AND idx = ? AND status = 'pending'
-                    """), in: db) {
+                let changed = try binder.execute(recordStep, in: db) {
                     $0.text(record.status.rawValue)
                     $0.text(record.detail)
                     $0.double(now)
@@ -262,8 +293,12 @@ public final class SQLiteLedger: Ledger {
                     continue
                 }
                 if let finishing = record.finishing {
-                    try db.cachedStatement(sql: "UPDATE events SET outcome = ?, updated_at = ? WHERE id = ?")
-                        .execute(arguments: [finishing.rawValue, now, record.eventID])
+                    if finishEvent == nil { finishEvent = try db.cachedStatement(sql: "UPDATE events SET outcome = ?, updated_at = ? WHERE id = ?") }
+                    try binder.execute(finishEvent!, in: db) {
+                        $0.text(finishing.rawValue)
+                        $0.double(now)
+                        $0.integer(record.eventID)
+                    }
                 }
                 refusals.append(nil)
             }
@@ -372,7 +407,10 @@ public struct SQLiteLedgerReader: Sendable {
 
     static func events(_ database: DatabaseQueue) throws(LedgerError) -> [StoredEvent] {
         try read(database) { db in
-            try Row.fetchAll(db, sql: "SELECT id, issuer, jti, token, source, event_types, outcome, steps FROM events ORDER BY id").map {
+            try Row.fetchAll(db, sql: """
+                SELECT e.id, issuer, jti, coalesce(t.token, e.token) AS token, source, event_types, outcome, steps
+                FROM events e LEFT JOIN event_tokens t ON t.event_id = e.id ORDER BY e.id
+                """).map {
                 StoredEvent(id: $0["id"], issuer: $0["issuer"], jti: $0["jti"], token: $0["token"], source: $0["source"],
                             eventTypes: $0["event_types"], outcome: $0["outcome"], steps: $0["steps"])
             }

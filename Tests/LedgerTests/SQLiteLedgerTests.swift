@@ -1,6 +1,7 @@
 import Foundation
 @testable import Ledger
 import Testing
+import WardenTestSupport
 
 @Suite("SQLite ledger")
 struct SQLiteLedgerTests {
@@ -22,6 +23,35 @@ struct SQLiteLedgerTests {
         #expect(try await SQLiteLedger(path: path).synchronousLevel() == 2)
         // An existing ledger, reopened.
         #expect(try await SQLiteLedger(path: path).synchronousLevel() == 2)
+    }
+
+    /// A new event's token is kept apart from its row (which its outcome rewrites); events of
+    /// a ledger written before that keep theirs in the row, and both read back whole.
+    @Test func tokensOfEventsRecordedBeforeAndAfterTheyMovedToATableOfTheirOwn() async throws {
+        let path = Self.temporaryPath()
+        try SQLiteLedger.create(path: path, upTo: "v3-lease")
+        _ = try await runProgram("/usr/bin/sqlite3", [path, """
+            INSERT INTO events (issuer, jti, token, source, event_types, subject, key_id, algorithm, key_thumbprint,
+                                issued_at, received_at, outcome, steps, updated_at)
+            VALUES ('https://issuer.example/', 'old', 'old.token.sig', 'kafka:t/0/0', '[]', NULL, 'k1', 'RS256', 'tp',
+                    1800000000, 1800000001, 'processed', '[]', 1800000001)
+            """])
+        let ledger = try SQLiteLedger(path: path)
+        guard case .duplicate = try await ledger.claim(Self.event(jti: "old"), outcome: .pending, steps: []) else {
+            Issue.record("the event recorded before the migration is not found")
+            return
+        }
+        var new = Self.event(jti: "new")
+        new.tokenBytes = Array("new.token.sig".utf8)
+        guard case .new(let id) = try await ledger.claim(new, outcome: .pending, steps: []) else {
+            Issue.record("a new event was not claimed")
+            return
+        }
+        #expect(try ledger.events().map(\.token) == ["old.token.sig", "new.token.sig"])
+        #expect(try await runProgram("/usr/bin/sqlite3", [path, "SELECT length(e.token), t.token FROM events e JOIN event_tokens t ON t.event_id = e.id"])
+            == "0|new.token.sig")
+        try await ledger.record(outcome: .processed, forEvent: id)
+        #expect(try ledger.events().map(\.token) == ["old.token.sig", "new.token.sig"])
     }
 
     @Test func firstClaimIsNewThenDuplicate() async throws {
