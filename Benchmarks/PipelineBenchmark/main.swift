@@ -169,9 +169,8 @@ func scrapeMetrics() -> String {
     return String(decoding: data, as: UTF8.self)
 }
 
-/// The smallest bucket bound of a Prometheus histogram holding the quantile `q` of its
-/// observations, and the count; nil without observations.
-func histogramQuantile(_ text: String, _ name: String, _ q: Double) -> (bound: String, count: Int)? {
+/// A Prometheus histogram's cumulative buckets, smallest bound first.
+func histogramBuckets(_ text: String, _ name: String) -> [(bound: Double, label: String, count: Double)] {
     var buckets: [(bound: Double, label: String, count: Double)] = []
     for line in text.split(separator: "\n") where line.hasPrefix(name + "_bucket{") {
         guard let le = line.range(of: "le=\""), let end = line[le.upperBound...].firstIndex(of: "\""),
@@ -179,7 +178,13 @@ func histogramQuantile(_ text: String, _ name: String, _ q: Double) -> (bound: S
         let label = String(line[le.upperBound..<end])
         buckets.append((label == "+Inf" ? .infinity : Double(label) ?? .infinity, label, count))
     }
-    buckets.sort { $0.bound < $1.bound }
+    return buckets.sorted { $0.bound < $1.bound }
+}
+
+/// The smallest bucket bound of a Prometheus histogram holding the quantile `q` of its
+/// observations, and the count; nil without observations.
+func histogramQuantile(_ text: String, _ name: String, _ q: Double) -> (bound: String, count: Int)? {
+    let buckets = histogramBuckets(text, name)
     guard let total = buckets.last?.count, total > 0 else { return nil }
     let bucket = buckets.first { $0.count >= q * total }!
     return (bucket.label, Int(total))
@@ -375,6 +380,11 @@ if let redis {
         print("step answered → outcome durable in the ledger, p99 over \(p99.count) steps: ≤ \(p99.bound) s (warden_step_record_seconds)")
         let quantiles = [0.5, 0.9].compactMap { q in histogramQuantile(result.metrics, "warden_step_record_seconds", q).map { "p\(Int(q * 100)) ≤ \($0.bound) s" } }
         print("  and \(quantiles.joined(separator: ", "))")
+        let buckets = histogramBuckets(result.metrics, "warden_step_record_seconds")
+        if let total = buckets.last?.count, total > 0 {
+            let within = buckets.map { "≤ \($0.label) s \(String(format: "%.2f", 100 * $0.count / total))%" }
+            print("  share of steps durable within: \(within.joined(separator: ", "))")
+        }
     } else {
         print("step answered → outcome durable: no observations (was the metrics port reachable?)")
     }

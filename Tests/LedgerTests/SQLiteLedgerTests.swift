@@ -54,6 +54,27 @@ struct SQLiteLedgerTests {
         #expect(try ledger.events().map(\.token) == ["old.token.sig", "new.token.sig"])
     }
 
+    /// Committed writes reach the database file beside the writer, well before the WAL is
+    /// large enough for the writer to stop and checkpoint it itself.
+    @Test func committedWritesAreCopiedIntoTheDatabaseInTheBackground() async throws {
+        let path = Self.temporaryPath()
+        let ledger = try SQLiteLedger(path: path)
+        for jti in ["a", "b", "c"] { _ = try await ledger.claim(Self.event(jti: jti), outcome: .pending, steps: []) }
+        // The database file alone (without its WAL), as a copy read by another program.
+        let copy = Self.temporaryPath()
+        try FileManager.default.createDirectory(atPath: URL(fileURLWithPath: copy).deletingLastPathComponent().path,
+                                                withIntermediateDirectories: true)
+        var copied = false
+        for _ in 0..<250 where !copied {
+            try? FileManager.default.removeItem(atPath: copy)
+            try FileManager.default.copyItem(atPath: path, toPath: copy)
+            copied = (try? await runProgram("/usr/bin/sqlite3", [copy, "SELECT count(*) FROM events"])) == "3"
+            if !copied { try await Task.sleep(for: .milliseconds(20)) }
+        }
+        #expect(copied)
+        await ledger.close()
+    }
+
     @Test func firstClaimIsNewThenDuplicate() async throws {
         let ledger = try SQLiteLedger(path: Self.temporaryPath())
         let first = try await ledger.claim(Self.event(jti: "a"), outcome: .pending, steps: [OutboxStep(index: 0, kind: "purge-set", action: "{}")])
