@@ -7,12 +7,12 @@ import Synchronization
 /// crash of the process or the machine).
 ///
 /// Writes from many concurrent callers are grouped: a writer thread takes whatever is queued
-/// and writes it in one transaction, each caller's part in a savepoint of its own, then answers
-/// every caller. One fsync then serves a whole batch.
+/// and writes it in one transaction, then answers every caller (if that transaction fails, each
+/// caller's write is tried again in a transaction of its own). One fsync then serves a whole batch.
 public final class SQLiteLedger: Ledger {
     public let path: String
     private let database: DatabaseQueue
-    private let writer: BatchWriter
+    let writer: BatchWriter
     private let checkpointer: Checkpointer
 
     public init(path: String) throws(LedgerError) {
@@ -536,6 +536,9 @@ final class BatchWriter: Sendable {
         return try result.get()
     }
 
+    /// Urgent writes queued and not yet taken by the writer thread.
+    var urgentQueued: Int { queue.withLock { $0.urgent.count } }
+
     func close() async {
         queue.withLock { $0.closed = true }
         wakeUp.signal()
@@ -553,7 +556,7 @@ final class BatchWriter: Sendable {
                 return (q.urgent, q.jobs, q.closed)
             }
             if !urgent.isEmpty { run(urgent) }
-            if !batch.isEmpty { run(batch) }
+            if !batch.isEmpty { run(batch, joiningUrgent: true) }
             if closed, queue.withLock({ $0.jobs.isEmpty && $0.urgent.isEmpty }) { break }
         }
         exited.signal()
@@ -561,10 +564,23 @@ final class BatchWriter: Sendable {
 
     /// One transaction for the whole batch. If it fails (a job threw, or SQLite did), each job
     /// runs again in a transaction of its own, so one bad write cannot fail the others.
-    private func run(_ batch: [Job]) {
+    ///
+    /// `joiningUrgent`: urgent writes queued while the batch ran join its transaction before it
+    /// commits, so a step's outcome answered during an intake write is durable with that write's
+    /// commit, not after a transaction (and a sync) of its own.
+    private func run(_ jobs: [Job], joiningUrgent: Bool = false) {
+        var batch = jobs
         do {
             try database.inTransaction(.immediate) { db in
                 for job in batch { try job.execute(db) }
+                if joiningUrgent {
+                    let late = queue.withLock { q -> [Job] in
+                        defer { q.urgent = [] }
+                        return q.urgent
+                    }
+                    batch += late
+                    for job in late { try job.execute(db) }
+                }
                 return .commit
             }
             let committedAt = ContinuousClock.now

@@ -75,6 +75,27 @@ struct SQLiteLedgerTests {
         await ledger.close()
     }
 
+    /// A step's outcome queued while an intake write runs joins that write's transaction: it is
+    /// durable with its commit, not after a transaction (and a sync) of its own.
+    @Test func anUrgentWriteQueuedDuringAnotherJoinsItsTransaction() async throws {
+        let ledger = try SQLiteLedger(path: Self.temporaryPath())
+        let entered = DispatchSemaphore(value: 0), gate = DispatchSemaphore(value: 0)
+        async let intake = ledger.writer.submitTimed { _ in
+            entered.signal()
+            gate.wait()
+            return 1
+        }
+        await entered.waitOffThePool()
+        async let urgent = ledger.writer.submitTimed(urgent: true) { _ in 2 }
+        #expect(await eventually { ledger.writer.urgentQueued == 1 })
+        gate.signal()
+        let (first, intakeCommit) = try await intake
+        let (second, urgentCommit) = try await urgent
+        #expect(first == 1 && second == 2)
+        #expect(urgentCommit == intakeCommit)
+        await ledger.close()
+    }
+
     @Test func firstClaimIsNewThenDuplicate() async throws {
         let ledger = try SQLiteLedger(path: Self.temporaryPath())
         let first = try await ledger.claim(Self.event(jti: "a"), outcome: .pending, steps: [OutboxStep(index: 0, kind: "purge-set", action: "{}")])
