@@ -25,7 +25,7 @@ public struct EventPipeline: Sendable {
     public let maximumWriteWhileActing: Int
 
     public init(processor: EventProcessor, maximumWaitingForKeys: Int = 10_000, maximumUnwritten: Int = 16_384,
-                maximumWrite: Int = 1024, maximumWriteWhileActing: Int = 128) {
+                maximumWrite: Int = 1024, maximumWriteWhileActing: Int = 64) {
         self.processor = processor
         self.maximumWaitingForKeys = maximumWaitingForKeys
         self.maximumUnwritten = maximumUnwritten
