@@ -21,7 +21,7 @@ for run in $(seq "$runs"); do
     record=$("$bin/PipelineBenchmark" "$tokens" "$limit")
     echo "$record" | grep -E "^warden run|^two-core"
     engine=$("$bin/PipelineBenchmark" "$tokens" "$limit" redis)
-    echo "$engine" | grep -E "^warden run|^redis-server keys left|^step answered"
+    echo "$engine" | grep -E "^warden run|^redis-server keys left|^step answered|^  and p50|^  share"
     r=$(echo "$record" | rate); e=$(echo "$engine" | rate)
     [ -n "$r" ] && [ -n "$e" ] || { echo "a run printed no rate"; exit 1; }
     acting+=("$(awk -v e="$e" -v r="$r" 'BEGIN {printf "%.2f", e / r}')")
