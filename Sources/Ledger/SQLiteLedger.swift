@@ -505,9 +505,9 @@ final class BatchWriter: Sendable {
     }
 
     /// Runs `body` in the next transaction. An `urgent` write (a step's outcome: a revocation
-    /// answered and not yet recorded would be made again after a crash) goes in a transaction
-    /// of its own ahead of the queued intake writes, so it waits for at most the one already
-    /// running, not for every batch queued before it.
+    /// answered and not yet recorded would be made again after a crash) goes ahead of the queued
+    /// intake writes, in a transaction of its own or joining the intake write already running,
+    /// so it waits for at most that one, not for every batch queued before it.
     func submit<T: Sendable>(urgent: Bool = false, _ body: @escaping @Sendable (Database) throws -> T) async throws(LedgerError) -> T {
         try await submitTimed(urgent: urgent, body).0
     }
@@ -612,7 +612,7 @@ final class BatchWriter: Sendable {
 /// beside the writer, never waits for it, and lets it be (a busy database is tried again next
 /// time); only pages not yet copied are left to the writer's own checkpoint.
 final class Checkpointer: Sendable {
-    static let interval: Duration = .milliseconds(100)
+    static let interval = DispatchTimeInterval.milliseconds(100)
 
     private let database: DatabaseQueue
     private let closed = Atomic(false)
@@ -628,9 +628,8 @@ final class Checkpointer: Sendable {
             throw LedgerError(.unavailable, "cannot open the SQLite ledger at \(path) for checkpoints: \(error)")
         }
         let thread = Thread { [self] in
-            let nanoseconds = Int(Self.interval / .nanoseconds(1))
             while !closed.load(ordering: .acquiring) {
-                _ = wake.wait(timeout: .now() + .nanoseconds(nanoseconds))
+                _ = wake.wait(timeout: .now() + Self.interval)
                 _ = try? database.writeWithoutTransaction { try $0.checkpoint(.passive) }
             }
             exited.signal()

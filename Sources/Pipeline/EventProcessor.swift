@@ -473,7 +473,6 @@ struct OutcomeCounts {
     }
 }
 
-/// An index handed out once to each of several tasks.
 /// A count shared by tasks: the next index to take, or how many of something are under way.
 final class SharedCount: Sendable {
     private let count = Atomic<Int>(0)

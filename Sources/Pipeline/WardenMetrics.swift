@@ -14,9 +14,6 @@ public final class WardenMetrics: Sendable {
     private let receivedFromKafka: Counter
     private let outcomes: [String: Counter]
     private let deadLetters: Counter
-    /// `warden_steps_total` by kind and result, looked up without building a key text (one is
-    /// counted for every step answered).
-    private let stepCounters = Mutex<[StepCounterKey: Counter]>([:])
 
     public init(factory: any MetricsFactory) {
         self.factory = factory
@@ -27,11 +24,6 @@ public final class WardenMetrics: Sendable {
             ($0, Counter(label: "warden_events_total", dimensions: [("outcome", $0)], factory: factory))
         })
         self.deadLetters = Counter(label: "warden_dead_letters_total", dimensions: [], factory: factory)
-    }
-
-    private struct StepCounterKey: Hashable {
-        var kind: String
-        var result: String
     }
 
     /// Buckets for `warden_step_record_seconds`, around the promise that an outcome is
@@ -54,25 +46,26 @@ public final class WardenMetrics: Sendable {
     }
     func verifyFailure(_ code: String) { counter("warden_verify_failures_total", [("err", code)]).increment() }
     public func deadLettered() { deadLetters.increment() }
-    func step(kind: String, result: String) {
-        let key = StepCounterKey(kind: kind, result: result)
-        let counter = stepCounters.withLock { made in
-            if let counter = made[key] { return counter }
-            let counter = self.counter("warden_steps_total", [("kind", kind), ("result", result)])
-            made[key] = counter
-            return counter
-        }
-        counter.increment()
-    }
+    func step(kind: String, result: String) { counter("warden_steps_total", [("kind", kind), ("result", result)]).increment() }
     public func retried(_ reason: String) { counter("warden_retries_total", [("reason", reason)]).increment() }
 }
 
-/// Metrics made once per name and labels.
+/// Metrics made once per name and labels, looked up without building a key text (a step's
+/// counter is looked up for every step answered).
 final class MetricCache<Metric: Sendable>: Sendable {
-    private let made = Mutex<[String: Metric]>([:])
+    private struct Key: Hashable {
+        var name: String
+        /// Label names and values, in turn.
+        var labels: [String]
+    }
+
+    private let made = Mutex<[Key: Metric]>([:])
 
     func get(_ name: String, _ dimensions: [(String, String)], make: () -> Metric) -> Metric {
-        let key = name + dimensions.map { "|\($0.0)=\($0.1)" }.joined()
+        var labels: [String] = []
+        labels.reserveCapacity(dimensions.count * 2)
+        for (label, value) in dimensions { labels += [label, value] }
+        let key = Key(name: name, labels: labels)
         return made.withLock { cache in
             if let metric = cache[key] { return metric }
             let metric = make()
