@@ -70,6 +70,12 @@ public final class SQLiteLedger: Ledger {
         try migrator.migrate(DatabaseQueue(path: path), upTo: migration)
     }
 
+    /// Claims `event` (no steps) inside a write already under way (for tests of the writer).
+    static func claimForTesting(_ event: LedgerEvent, in db: Database) throws -> Claim {
+        var writer = try EventWriter(db)
+        return try writer.claim(event, outcome: .pending, steps: [])
+    }
+
     /// Versioned schema migrations; each runs once, in order, in its own transaction.
     static var migrator: DatabaseMigrator {
         var migrator = DatabaseMigrator()

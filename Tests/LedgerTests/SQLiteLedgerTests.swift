@@ -1,5 +1,6 @@
 import Foundation
 @testable import Ledger
+import Synchronization
 import Testing
 import WardenTestSupport
 
@@ -93,6 +94,31 @@ struct SQLiteLedgerTests {
         let (second, urgentCommit) = try await urgent
         #expect(first == 1 && second == 2)
         #expect(urgentCommit == intakeCommit)
+        await ledger.close()
+    }
+
+    /// An urgent write that fails while joining an intake write fails alone: the intake write
+    /// is tried again by itself and committed.
+    @Test(.timeLimit(.minutes(1))) func anUrgentWriteThatFailsWhileJoiningAnotherFailsAlone() async throws {
+        let ledger = try SQLiteLedger(path: Self.temporaryPath())
+        let entered = DispatchSemaphore(value: 0), gate = DispatchSemaphore(value: 0)
+        let first = Mutex(true)
+        async let intake: Claim = ledger.writer.submit { db in
+            if first.withLock({ f in defer { f = false }; return f }) {
+                entered.signal()
+                gate.wait()
+            }
+            return try SQLiteLedger.claimForTesting(Self.event(jti: "kept"), in: db)
+        }
+        await entered.waitOffThePool()
+        async let urgent: Void = ledger.writer.submit(urgent: true) { _ in throw LedgerError(.refused, "never recordable") }
+        #expect(await eventually { ledger.writer.urgentQueued == 1 })
+        gate.signal()
+        guard case .new = try await intake else { Issue.record("the intake write was not committed"); return }
+        var failed = false
+        do { try await urgent } catch { failed = true }
+        #expect(failed)
+        #expect(try ledger.events().map(\.jti) == ["kept"])
         await ledger.close()
     }
 
