@@ -157,8 +157,10 @@ public final class SQLiteLedger: Ledger {
         }
     }
 
+    /// In a transaction of its own: the caller sized the batch (the pipeline keeps its writes
+    /// short while steps' outcomes wait for them).
     public func record(_ entries: [LedgerEntry]) async throws(LedgerError) -> [Claim?] {
-        try await writer.submit { db in
+        try await writer.submit(alone: true) { db in
             var writer = try EventWriter(db)
             var claims: [Claim?] = []
             claims.reserveCapacity(entries.count)
@@ -486,6 +488,8 @@ final class BatchWriter: Sendable {
     /// One caller's write: runs inside the shared transaction, answers after it commits.
     struct Job: Sendable {
         let execute: @Sendable (Database) throws -> Void
+        /// Committed in a transaction without other queued writes (urgent ones may join it).
+        let alone: Bool
         /// Called on the writer's thread: when the transaction committed, or why it failed.
         let complete: @Sendable (Result<ContinuousClock.Instant, any Error>) -> Void
     }
@@ -513,18 +517,21 @@ final class BatchWriter: Sendable {
     /// Runs `body` in the next transaction. An `urgent` write (a step's outcome: a revocation
     /// answered and not yet recorded would be made again after a crash) goes ahead of the queued
     /// intake writes, in a transaction of its own or joining the intake write already running,
-    /// so it waits for at most that one, not for every batch queued before it.
-    func submit<T: Sendable>(urgent: Bool = false, _ body: @escaping @Sendable (Database) throws -> T) async throws(LedgerError) -> T {
-        try await submitTimed(urgent: urgent, body).0
+    /// so it waits for at most that one, not for every batch queued before it. A write `alone`
+    /// (a batch sized by its caller) is not grouped with other queued writes.
+    func submit<T: Sendable>(urgent: Bool = false, alone: Bool = false, _ body: @escaping @Sendable (Database) throws -> T)
+        async throws(LedgerError) -> T
+    {
+        try await submitTimed(urgent: urgent, alone: alone, body).0
     }
 
     /// `submit`, also telling when the transaction committed.
-    func submitTimed<T: Sendable>(urgent: Bool = false, _ body: @escaping @Sendable (Database) throws -> T)
+    func submitTimed<T: Sendable>(urgent: Bool = false, alone: Bool = false, _ body: @escaping @Sendable (Database) throws -> T)
         async throws(LedgerError) -> (T, ContinuousClock.Instant)
     {
         let result: Result<(T, ContinuousClock.Instant), LedgerError> = await withCheckedContinuation { continuation in
             let box = ResultBox<T>()
-            let job = Job(execute: { db in box.set(try body(db)) }, complete: { result in
+            let job = Job(execute: { db in box.set(try body(db)) }, alone: alone && !urgent, complete: { result in
                 switch result {
                 case .failure(let error):
                     continuation.resume(returning: .failure(error as? LedgerError ?? LedgerError(SQLiteLedger.kind(of: error), "ledger write failed: \(error)")))
@@ -544,6 +551,8 @@ final class BatchWriter: Sendable {
 
     /// Urgent writes queued and not yet taken by the writer thread.
     var urgentQueued: Int { queue.withLock { $0.urgent.count } }
+    /// Other writes queued and not yet taken (tests).
+    var queued: Int { queue.withLock { $0.jobs.count } }
 
     func close() async {
         queue.withLock { $0.closed = true }
@@ -551,19 +560,28 @@ final class BatchWriter: Sendable {
         await exited.waitOffThePool()
     }
 
+    /// Each turn: the urgent writes, then the next transaction's worth of the others (a write
+    /// `alone`, or every write queued before the next one alone), while urgent writes queued
+    /// meanwhile join it.
     private func loop() {
         while true {
-            wakeUp.wait()
             let (urgent, batch, closed) = queue.withLock { q -> ([Job], [Job], Bool) in
-                defer {
-                    q.urgent = []
-                    q.jobs = []
-                }
-                return (q.urgent, q.jobs, q.closed)
+                let urgent = q.urgent
+                q.urgent = []
+                let count = q.jobs.first.map { $0.alone ? 1 : (q.jobs.firstIndex(where: \.alone) ?? q.jobs.count) } ?? 0
+                let batch = Array(q.jobs.prefix(count))
+                q.jobs.removeFirst(count)
+                return (urgent, batch, q.closed)
+            }
+            if urgent.isEmpty, batch.isEmpty {
+                if closed { break }
+                // Woken by each submit: a wake-up left over from writes already taken only
+                // makes one more turn.
+                wakeUp.wait()
+                continue
             }
             if !urgent.isEmpty { run(urgent) }
             if !batch.isEmpty { run(batch, joiningUrgent: true) }
-            if closed, queue.withLock({ $0.jobs.isEmpty && $0.urgent.isEmpty }) { break }
         }
         exited.signal()
     }

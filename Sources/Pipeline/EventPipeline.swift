@@ -23,14 +23,19 @@ public struct EventPipeline: Sendable {
     /// written between two intake writes, so each waits for at most the one under way: kept
     /// short, an answered revocation is durable within milliseconds (`warden_step_record_seconds`).
     public let maximumWriteWhileActing: Int
+    /// Ledger writes under way at once. One at a time, the ledger would wait after each for
+    /// this pipeline to take its result and start the next: with short writes while steps run,
+    /// that wait, not the disk, bounded the intake.
+    public let maximumWritesInFlight: Int
 
     public init(processor: EventProcessor, maximumWaitingForKeys: Int = 10_000, maximumUnwritten: Int = 16_384,
-                maximumWrite: Int = 1024, maximumWriteWhileActing: Int = 64) {
+                maximumWrite: Int = 1024, maximumWriteWhileActing: Int = 64, maximumWritesInFlight: Int = 4) {
         self.processor = processor
         self.maximumWaitingForKeys = maximumWaitingForKeys
         self.maximumUnwritten = maximumUnwritten
         self.maximumWrite = maximumWrite
         self.maximumWriteWhileActing = maximumWriteWhileActing
+        self.maximumWritesInFlight = max(1, maximumWritesInFlight)
     }
 
     var metrics: WardenMetrics { processor.metrics }
@@ -65,38 +70,52 @@ public struct EventPipeline: Sendable {
                 waiting.close()
                 writeQueue.close()
             }
-            // The ledger writer: it takes every batch admitted since its last write and writes
+            // The ledger writer: it takes every batch admitted since it last looked and writes
             // them in order, in atomic writes of at most `maximumWrite` records, or
             // `maximumWriteWhileActing` while steps run (a step's outcome, written between two
-            // of them, waits for one short write at most); while it waits for the disk,
-            // verification and admission go on, so the next write is larger rather than later.
-            // Events with steps go to the step lanes; the writer goes on meanwhile.
+            // of them, waits for one short write at most). Up to `maximumWritesInFlight` writes
+            // are under way at once, so the ledger goes from one to the next without waiting
+            // for this task to run again; while they wait for the disk, verification and
+            // admission go on.
+            let acting = SharedCount()
+            let writes = WritesInOrder<[EventProcessor.Work]>(limit: maximumWritesInFlight)
             group.addTask {
-                let acting = SharedCount()
-                // Discarding: a long-running worker does not keep a result per finished event.
-                await withDiscardingTaskGroup { steps in
+                await withDiscardingTaskGroup { writers in
                     while let ready = await writeQueue.takeAll() {
                         let records = Array(ready.joined())
                         var start = 0
                         while start < records.count {
+                            let ticket = await writes.start()
                             let end = min(start + (acting.value > 0 ? maximumWriteWhileActing : maximumWrite), records.count)
                             let part = Array(records[start..<end])
                             start = end
-                            for work in await processor.record(part) {
-                                let subjectKey = work.subjectKey
-                                let turn = lanes.enter(subjectKey)
-                                acting.add(1)
-                                steps.addTask {
-                                    defer { acting.add(-1) }
-                                    // A later event of this subject must not act before this
-                                    // one: when the process stops, the subject's later ones stop too.
-                                    let previousPassed = await turn.previous?.wait() ?? true
-                                    let disposition: Disposition =
-                                        !previousPassed && processor.stop.isStopping ? .abandoned : await processor.run(work)
-                                    work.record.acknowledgement.settle(disposition)
-                                    turn.mine.open(passed: disposition != .abandoned)
-                                    lanes.leave(subjectKey, turn.mine)
-                                }
+                            writers.addTask { writes.finish(ticket, await processor.record(part)) }
+                        }
+                    }
+                }
+                writes.close()
+            }
+            // The step lanes: written events with steps, taken in the order their writes
+            // started, so a subject's events enter its lane in arrival order whichever write
+            // committed first.
+            group.addTask {
+                // Discarding: a long-running worker does not keep a result per finished event.
+                await withDiscardingTaskGroup { steps in
+                    while let written = await writes.next() {
+                        for work in written {
+                            let subjectKey = work.subjectKey
+                            let turn = lanes.enter(subjectKey)
+                            acting.add(1)
+                            steps.addTask {
+                                defer { acting.add(-1) }
+                                // A later event of this subject must not act before this
+                                // one: when the process stops, the subject's later ones stop too.
+                                let previousPassed = await turn.previous?.wait() ?? true
+                                let disposition: Disposition =
+                                    !previousPassed && processor.stop.isStopping ? .abandoned : await processor.run(work)
+                                work.record.acknowledgement.settle(disposition)
+                                turn.mine.open(passed: disposition != .abandoned)
+                                lanes.leave(subjectKey, turn.mine)
                             }
                         }
                     }

@@ -85,6 +85,93 @@ final class BatchQueue<Element: Sendable>: Sendable {
 
 
 
+/// Writes under way at once, at most `limit`, whose results are handed on in the order the
+/// writes started, whichever finishes first.
+final class WritesInOrder<Result: Sendable>: Sendable {
+    private struct State {
+        var started = 0
+        /// The ticket whose result is handed on next.
+        var next = 0
+        var results: [Int: Result] = [:]
+        var closed = false
+        var reader: CheckedContinuation<Result?, Never>? = nil
+        var starter: CheckedContinuation<Int, Never>? = nil
+    }
+
+    private let limit: Int
+    private let state = Mutex(State())
+
+    init(limit: Int) { self.limit = max(1, limit) }
+
+    /// A ticket for the next write, once fewer than `limit` are under way or waiting to be
+    /// handed on (one caller: the stage starting writes).
+    func start() async -> Int {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Int, Never>) in
+            let ticket = state.withLock { s -> Int? in
+                guard s.started - s.next < limit else {
+                    s.starter = continuation
+                    return nil
+                }
+                defer { s.started += 1 }
+                return s.started
+            }
+            if let ticket { continuation.resume(returning: ticket) }
+        }
+    }
+
+    /// The result of the write `ticket` started.
+    func finish(_ ticket: Int, _ result: Result) {
+        let (reader, handed) = state.withLock { s -> (CheckedContinuation<Result?, Never>?, Result?) in
+            guard ticket == s.next, let reader = s.reader else {
+                s.results[ticket] = result
+                return (nil, nil)
+            }
+            s.reader = nil
+            return (reader, result)
+        }
+        guard let reader, let handed else { return }
+        handOn(reader, handed)
+    }
+
+    /// The next result in ticket order; nil once closed and every result was handed on (one
+    /// caller: the stage taking results).
+    func next() async -> Result? {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Result?, Never>) in
+            let (ready, done) = state.withLock { s -> (Result?, Bool) in
+                if let result = s.results.removeValue(forKey: s.next) { return (result, false) }
+                if s.closed, s.next == s.started { return (nil, true) }
+                s.reader = continuation
+                return (nil, false)
+            }
+            if let ready { handOn(continuation, ready) } else if done { continuation.resume(returning: nil) }
+        }
+    }
+
+    /// No write starts after this one.
+    func close() {
+        let reader = state.withLock { s -> CheckedContinuation<Result?, Never>? in
+            s.closed = true
+            guard s.next == s.started, s.results.isEmpty else { return nil }
+            defer { s.reader = nil }
+            return s.reader
+        }
+        reader?.resume(returning: nil)
+    }
+
+    /// Counts `result` as handed on (its write's slot is free) and gives it to the reader.
+    private func handOn(_ reader: CheckedContinuation<Result?, Never>, _ result: Result) {
+        let starter = state.withLock { s -> (CheckedContinuation<Int, Never>, Int)? in
+            s.next += 1
+            guard let starter = s.starter else { return nil }
+            s.starter = nil
+            defer { s.started += 1 }
+            return (starter, s.started)
+        }
+        reader.resume(returning: result)
+        if let (starter, ticket) = starter { starter.resume(returning: ticket) }
+    }
+}
+
 /// Keeps one subject's events in order while different subjects' run at once: each event
 /// waits for the gate of the subject's previous event, which opens when that one is done.
 final class SubjectLanes: Sendable {

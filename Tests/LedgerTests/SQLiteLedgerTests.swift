@@ -76,24 +76,65 @@ struct SQLiteLedgerTests {
         await ledger.close()
     }
 
+    /// A write that holds the writer thread inside its transaction until released.
+    struct HeldWrite {
+        let gate = DispatchSemaphore(value: 0)
+        let committed: Task<ContinuousClock.Instant, any Error>
+
+        init(_ ledger: SQLiteLedger) async {
+            let entered = DispatchSemaphore(value: 0), gate = self.gate
+            committed = Task {
+                try await ledger.writer.submitTimed { _ in
+                    entered.signal()
+                    gate.wait()
+                }.1
+            }
+            await entered.waitOffThePool()
+        }
+
+        /// Lets it commit; returns when it did.
+        func release() async throws -> ContinuousClock.Instant {
+            gate.signal()
+            return try await committed.value
+        }
+    }
+
     /// A step's outcome queued while an intake write runs joins that write's transaction: it is
     /// durable with its commit, not after a transaction (and a sync) of its own.
     @Test func anUrgentWriteQueuedDuringAnotherJoinsItsTransaction() async throws {
         let ledger = try SQLiteLedger(path: Self.temporaryPath())
-        let entered = DispatchSemaphore(value: 0), gate = DispatchSemaphore(value: 0)
-        async let intake = ledger.writer.submitTimed { _ in
-            entered.signal()
-            gate.wait()
-            return 1
-        }
-        await entered.waitOffThePool()
+        let intake = await HeldWrite(ledger)
         async let urgent = ledger.writer.submitTimed(urgent: true) { _ in 2 }
         #expect(await eventually { ledger.writer.urgentQueued == 1 })
-        gate.signal()
-        let (first, intakeCommit) = try await intake
+        let intakeCommit = try await intake.release()
         let (second, urgentCommit) = try await urgent
-        #expect(first == 1 && second == 2)
+        #expect(second == 2)
         #expect(urgentCommit == intakeCommit)
+        await ledger.close()
+    }
+
+    /// Writes queued together share a transaction, except a write its caller sized (`alone`,
+    /// the pipeline's intake batches): it is committed by itself, so a step's outcome never
+    /// waits for several of them.
+    @Test func aWriteSizedByItsCallerIsCommittedAlone() async throws {
+        let ledger = try SQLiteLedger(path: Self.temporaryPath())
+        let held = await HeldWrite(ledger)
+        // Queued in this order while the writer is held: two grouped, two alone, one grouped.
+        async let x = ledger.writer.submitTimed { _ in 1 }
+        #expect(await eventually { ledger.writer.queued == 1 })
+        async let y = ledger.writer.submitTimed { _ in 2 }
+        #expect(await eventually { ledger.writer.queued == 2 })
+        async let a = ledger.writer.submitTimed(alone: true) { _ in 3 }
+        #expect(await eventually { ledger.writer.queued == 3 })
+        async let b = ledger.writer.submitTimed(alone: true) { _ in 4 }
+        #expect(await eventually { ledger.writer.queued == 4 })
+        async let z = ledger.writer.submitTimed { _ in 5 }
+        #expect(await eventually { ledger.writer.queued == 5 })
+        let heldCommit = try await held.release()
+        let commits = try await [heldCommit, x.1, y.1, a.1, b.1, z.1]
+        #expect(commits[1] == commits[2], "two grouped writes queued together share a transaction")
+        #expect(Set(commits[2...]).count == 4, "each write alone has a transaction of its own: \(commits)")
+        #expect(commits == commits.sorted(), "in the order queued")
         await ledger.close()
     }
 

@@ -193,6 +193,31 @@ struct CoreTests {
         #expect(settled.allSatisfy { if case .recorded(_, .processed)? = $0 { true } else { false } })
     }
 
+    /// The next intake write starts while one is under way (the ledger never waits for the
+    /// pipeline between two), and a subject's events still act in arrival order when a later
+    /// write is done first.
+    @Test func theNextWriteStartsWhileOneIsUnderWayAndASubjectsEventsKeepTheirOrder() async throws {
+        let world = World()
+        let pipeline = EventPipeline(processor: world.processor, maximumWrite: 2, maximumWriteWhileActing: 2, maximumWritesInFlight: 4)
+        world.ledger.holdIntakeWrite(0)
+        let door = HandDoor()
+        let running = Task { await pipeline.run(door.stream) }
+        door.feed([Self.token(Self.issuerA, "s", jti: "s-1", key: Self.keyA), Self.token(Self.issuerA, "x", jti: "x-1", key: Self.keyA),
+                   Self.token(Self.issuerA, "s", jti: "s-2", key: Self.keyA), Self.token(Self.issuerA, "y", jti: "y-1", key: Self.keyA)])
+        // The second write, of s-2 and y-1, is done while the first still waits.
+        #expect(await eventually { world.ledger.event("y-1") != nil })
+        #expect(world.ledger.state.withLock { $0.intakeWrites } == [2, 2])
+        #expect(world.executor.jtis.withLock { $0 }.isEmpty, "nothing acts before the writes started before it are done")
+        world.ledger.releaseIntakeWrite(0)
+        #expect(await eventually { door.settled.all.compactMap { $0 }.count == 4 })
+        let order = world.executor.jtis.withLock { $0 }
+        // Every step of s-1 before any of s-2.
+        #expect(order.lastIndex(of: "s-1")! < order.firstIndex(of: "s-2")!, "\(order)")
+        #expect(Set(order) == ["s-1", "x-1", "s-2", "y-1"])
+        door.continuation.finish()
+        await running.value
+    }
+
     // Failures a retry can mend (the ledger, the dead-letter topic unavailable for a moment)
     // are retried; every record ends recorded or rejected, none abandoned.
     @Test func transientLedgerAndDeadLetterFailuresAreRetried() async {

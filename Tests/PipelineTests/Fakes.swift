@@ -66,8 +66,32 @@ final class MemoryLedger: Ledger {
         try write { (s: inout State) throws(LedgerError) in try Self.claim(event, outcome, steps, in: &s) }
     }
 
+    /// Intake writes, by number from 0, that wait for `releaseIntakeWrite` before writing.
+    private let heldWrites = Mutex<(numbers: Set<Int>, waiting: [Int: CheckedContinuation<Void, Never>])>(([], [:]))
+
+    func holdIntakeWrite(_ number: Int) { heldWrites.withLock { _ = $0.numbers.insert(number) } }
+
+    func releaseIntakeWrite(_ number: Int) {
+        let waiter = heldWrites.withLock { h -> CheckedContinuation<Void, Never>? in
+            h.numbers.remove(number)
+            return h.waiting.removeValue(forKey: number)
+        }
+        waiter?.resume()
+    }
+
     func record(_ entries: [LedgerEntry]) async throws(LedgerError) -> [Claim?] {
-        state.withLock { $0.intakeWrites.append(entries.count) }
+        let number = state.withLock { s in
+            s.intakeWrites.append(entries.count)
+            return s.intakeWrites.count - 1
+        }
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let wait = heldWrites.withLock { h -> Bool in
+                guard h.numbers.contains(number) else { return false }
+                h.waiting[number] = continuation
+                return true
+            }
+            if !wait { continuation.resume() }
+        }
         return try write { (s: inout State) throws(LedgerError) -> [Claim?] in
             var claims: [Claim?] = []
             for entry in entries {
@@ -153,6 +177,8 @@ final class MemoryDeadLetters: DeadLetterSink {
 final class ScriptedExecutor: StepExecutor {
     let script = Mutex<[String: [StepOutcome]]>([:])
     let calls = Mutex<[String]>([])
+    /// The `jti` of each call's event, in call order.
+    let jtis = Mutex<[String]>([])
     private let holds = Mutex<(users: Set<String>, waiting: [String: [CheckedContinuation<Void, Never>]])>(([], [:]))
 
     func hold(_ user: String) { holds.withLock { _ = $0.users.insert(user) } }
@@ -173,6 +199,7 @@ final class ScriptedExecutor: StepExecutor {
     func execute(_ action: StepAction, context: StepContext) async -> StepOutcome {
         let user = context.user ?? "?"
         calls.withLock { $0.append(user) }
+        jtis.withLock { $0.append(context.token.jti) }
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
             let wait = holds.withLock { h -> Bool in
                 guard h.users.contains(user) else { return false }
