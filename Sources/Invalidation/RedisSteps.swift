@@ -1,5 +1,7 @@
+import Crypto
 public import Redis
 import SecurityEvents
+import Synchronization
 
 /// Runs the Redis steps: purge-set, purge-keys, purge-pattern, set-flag, and the token-store
 /// steps delete-token and delete-tokens. Connection problems are `.retry`; a server that
@@ -10,6 +12,9 @@ public struct RedisStepExecutor: StepExecutor {
     public let stores: [String: TokenStoreSettings]
     /// Keys deleted per UNLINK, members read per SSCAN/SCAN round.
     public var chunk = 500
+    /// Targets that refused the purge-set script (scripting disabled or denied by ACL): they
+    /// get the same purge in two round trips per page.
+    let refusingScripts = TargetSet()
 
     public init(clients: [String: RedisClient], stores: [String: TokenStoreSettings]) {
         self.clients = clients
@@ -19,7 +24,7 @@ public struct RedisStepExecutor: StepExecutor {
     public func execute(_ action: StepAction, context: StepContext) async -> StepOutcome {
         do throws(StepFailure) {
             switch action {
-            case .purgeSet(let target, let set): return try await purgeSet(try client(target), set)
+            case .purgeSet(let target, let set): return try await purgeSet(try client(target), target: target, set)
             case .purgeKeys(let target, let keys):
                 let removed = try await unlink(try client(target), keys)
                 return .done("\(removed) of \(keys.count) keys deleted")
@@ -49,20 +54,85 @@ public struct RedisStepExecutor: StepExecutor {
     /// added meanwhile, after the event, stays listed rather than becoming untracked). A crash
     /// in between leaves members whose keys are gone: running again deletes nothing new and
     /// removes them.
-    func purgeSet(_ client: RedisClient, _ set: String) async throws(StepFailure) -> StepOutcome {
-        var cursor = "0", deleted: Int64 = 0, members = 0
+    ///
+    /// Each page (SSCAN, UNLINK, SREM) is one round trip: a script run by the server
+    /// (`purgePageScript`), which also makes the page atomic. A server that refuses scripts gets
+    /// the page in two round trips instead.
+    func purgeSet(_ client: RedisClient, target: String, _ set: String) async throws(StepFailure) -> StepOutcome {
+        var page = PurgeProgress()
         repeat {
-            let reply = try await send(client, [["SSCAN", set, cursor, "COUNT", String(chunk)]])[0]
-            guard case .array(let parts) = reply, parts.count == 2, let next = parts[0].text, let page = parts[1].array else {
-                throw StepFailure.refused(try describe(reply, "SSCAN"))
-            }
-            cursor = next
-            let keys = page.compactMap(\.text)
-            members += keys.count
-            if !keys.isEmpty { deleted += try await unlinkAndForget(client, set: set, keys) }
-        } while cursor != "0"
+            if !refusingScripts.contains(target), try await purgePageByScript(client, target: target, set, &page) { continue }
+            try await purgePage(client, set, &page)
+        } while page.cursor != "0"
         // SSCAN may return a member twice; SREM of the ones already removed is harmless.
-        return .done("\(members) listed, \(deleted) keys deleted from \(set)")
+        return .done("\(page.members) listed, \(page.deleted) keys deleted from \(set)")
+    }
+
+    struct PurgeProgress {
+        var cursor = "0"
+        var members = 0
+        var deleted: Int64 = 0
+    }
+
+    /// One page of a purge-set on the server: the members SSCAN lists from `ARGV[1]` (at most
+    /// about `ARGV[2]`), their keys unlinked, then the members removed from the set. Returns
+    /// the next cursor, how many members were listed and how many keys existed.
+    static let purgePageScript = """
+        local page = redis.call('SSCAN', KEYS[1], ARGV[1], 'COUNT', ARGV[2])
+        local members = page[2]
+        local deleted = 0
+        if #members > 0 then
+          deleted = redis.call('UNLINK', unpack(members))
+          redis.call('SREM', KEYS[1], unpack(members))
+        end
+        return {page[1], #members, deleted}
+        """
+    static let purgePageDigest = Insecure.SHA1.hash(data: Array(purgePageScript.utf8)).map { byte in
+        let digits = Array("0123456789abcdef".utf8)
+        return String(decoding: [digits[Int(byte >> 4)], digits[Int(byte & 0xF)]], as: UTF8.self)
+    }.joined()
+
+    /// One page by script; false, with nothing done, when the server refuses scripts (the
+    /// target is then remembered as refusing them).
+    func purgePageByScript(_ client: RedisClient, target: String, _ set: String, _ page: inout PurgeProgress)
+        async throws(StepFailure) -> Bool
+    {
+        let arguments = ["1", set, page.cursor, String(chunk)]
+        var reply = try await send(client, [["EVALSHA", Self.purgePageDigest] + arguments])[0]
+        if case .error(let message) = reply, message.hasPrefix("NOSCRIPT") {
+            // Not in the server's script cache yet (or flushed): sent whole once, cached after.
+            reply = try await send(client, [["EVAL", Self.purgePageScript] + arguments])[0]
+        }
+        if case .error(let message) = reply, Self.refusesScripts(message) {
+            refusingScripts.insert(target)
+            return false
+        }
+        guard case .array(let parts) = reply, parts.count == 3, let next = parts[0].text,
+              let members = parts[1].integer, let deleted = parts[2].integer else {
+            throw StepFailure.refused(try describe(reply, "the purge-set script"))
+        }
+        page.cursor = next
+        page.members += Int(members)
+        page.deleted += deleted
+        return true
+    }
+
+    /// Scripting turned off, renamed away or denied to this user by an ACL. (A denial of the
+    /// keys themselves comes back again from the plain commands, and fails the step there.)
+    static func refusesScripts(_ message: String) -> Bool {
+        message.hasPrefix("NOPERM") || message.hasPrefix("ERR unknown command") || message.hasPrefix("ERR unknown or disabled command")
+    }
+
+    /// One page in two round trips: SSCAN, then UNLINK and SREM.
+    func purgePage(_ client: RedisClient, _ set: String, _ page: inout PurgeProgress) async throws(StepFailure) {
+        let reply = try await send(client, [["SSCAN", set, page.cursor, "COUNT", String(chunk)]])[0]
+        guard case .array(let parts) = reply, parts.count == 2, let next = parts[0].text, let listed = parts[1].array else {
+            throw StepFailure.refused(try describe(reply, "SSCAN"))
+        }
+        page.cursor = next
+        let keys = listed.compactMap(\.text)
+        page.members += keys.count
+        if !keys.isEmpty { page.deleted += try await unlinkAndForget(client, set: set, keys) }
     }
 
     func unlinkAndForget(_ client: RedisClient, set: String, _ keys: [String]) async throws(StepFailure) -> Int64 {
@@ -241,4 +311,11 @@ public struct RedisStepExecutor: StepExecutor {
         try check([reply])
         return "unexpected reply to \(command)"
     }
+}
+
+/// Names of targets, shared by every copy of an executor.
+final class TargetSet: Sendable {
+    private let names = Mutex<Set<String>>([])
+    func contains(_ name: String) -> Bool { names.withLock { $0.contains(name) } }
+    func insert(_ name: String) { names.withLock { _ = $0.insert(name) } }
 }

@@ -1,6 +1,6 @@
 import Foundation
 @testable import Invalidation
-import Redis
+@testable import Redis
 import SecurityEvents
 import Testing
 import WardenTestSupport
@@ -34,6 +34,35 @@ struct RedisStepTests {
         // Again: nothing left to do, and that is success.
         #expect(await executor.execute(.purgeSet(target: "sessions", set: "user-sessions:u1"), context: context)
             == .done("0 listed, 0 keys deleted from user-sessions:u1"))
+    }
+
+    /// A page of a purge-set (SSCAN, UNLINK, SREM) is one round trip: a script the server
+    /// caches, sent whole only the first time.
+    @Test func aPurgeSetPageIsOneRoundTrip() async throws {
+        for user in ["u1", "u2"] {
+            _ = try await client.pipeline([["SET", "session:\(user):a", "1"], ["SET", "session:\(user):b", "1"],
+                                           ["SADD", "user-sessions:\(user)", "session:\(user):a", "session:\(user):b"]])
+        }
+        let before = client.roundTrips.load(ordering: .relaxed)
+        #expect(await executor.execute(.purgeSet(target: "sessions", set: "user-sessions:u1"), context: context)
+            == .done("2 listed, 2 keys deleted from user-sessions:u1"))
+        let first = client.roundTrips.load(ordering: .relaxed) - before
+        #expect(first <= 2, "by digest, then whole once: \(first)")
+        #expect(await executor.execute(.purgeSet(target: "sessions", set: "user-sessions:u2"), context: context)
+            == .done("2 listed, 2 keys deleted from user-sessions:u2"))
+        #expect(client.roundTrips.load(ordering: .relaxed) - before - first == 1)
+        #expect(try await cli("DBSIZE") == "0")
+    }
+
+    /// A server whose user may not run scripts (an ACL, or scripting renamed away) gets the
+    /// same purge in plain commands.
+    @Test func aServerRefusingScriptsGetsThePurgeInPlainCommands() async throws {
+        _ = try await cli("ACL", "SETUSER", "default", "-@scripting")
+        for i in 0..<700 { _ = try await client.pipeline([["SET", "session:\(i)", "1"], ["SADD", "user-sessions:u1", "session:\(i)"]]) }
+        #expect(await executor.execute(.purgeSet(target: "sessions", set: "user-sessions:u1"), context: context)
+            == .done("700 listed, 700 keys deleted from user-sessions:u1"))
+        #expect(try await cli("DBSIZE") == "0")
+        #expect(executor.refusingScripts.contains("sessions"))
     }
 
     @Test func purgeKeysAndPurgePattern() async throws {
