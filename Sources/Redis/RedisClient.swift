@@ -84,7 +84,9 @@ public final class RedisClient: Sendable {
     private let pool: Mutex<Pool>
 
     private struct Request {
-        let commands: [[[UInt8]]]
+        /// Its commands in the protocol's encoding, ready to be written.
+        let encoded: [UInt8]
+        let count: Int
         let continuation: CheckedContinuation<Result<[RedisReply], RedisError>, Never>
     }
 
@@ -108,23 +110,32 @@ public final class RedisClient: Sendable {
 
     /// Sends one command (`["SET", key, value]`) and returns its reply.
     public func send(_ command: [String]) async throws(RedisError) -> RedisReply {
-        try await pipeline([command.map { Array($0.utf8) }])[0]
+        try await pipeline([command])[0]
     }
 
     /// Sends commands in one write and returns their replies, in order. An error reply is a
     /// reply (`.error`), not a thrown error.
     public func pipeline(_ commands: [[String]]) async throws(RedisError) -> [RedisReply] {
-        try await pipeline(commands.map { $0.map { Array($0.utf8) } })
+        var encoded = RESPEncoding()
+        for command in commands { encoded.append(command) }
+        return try await send(encoded.bytes, count: commands.count)
     }
 
     /// Commands whose arguments are bytes.
     public func pipeline(_ commands: [[[UInt8]]]) async throws(RedisError) -> [RedisReply] {
-        guard !commands.isEmpty else { return [] }
+        var encoded = RESPEncoding()
+        for command in commands { encoded.append(command) }
+        return try await send(encoded.bytes, count: commands.count)
+    }
+
+    /// Sends `count` commands already encoded, in one write, and returns their replies.
+    private func send(_ encoded: [UInt8], count: Int) async throws(RedisError) -> [RedisReply] {
+        guard count > 0 else { return [] }
         let result = await withCheckedContinuation { (continuation: CheckedContinuation<Result<[RedisReply], RedisError>, Never>) in
             enum Start { case closed, queued, drive(Connection) }
             let start = pool.withLock { p -> Start in
                 if p.closed { return .closed }
-                p.queued.append(Request(commands: commands, continuation: continuation))
+                p.queued.append(Request(encoded: encoded, count: count, continuation: continuation))
                 if let connection = p.idle.popLast() { return .drive(connection) }
                 if p.created < settings.poolSize {
                     p.created += 1
@@ -164,8 +175,8 @@ public final class RedisClient: Sendable {
                     }
                     var count = 0, taken = 0
                     for request in p.queued {
-                        if taken > 0, count + request.commands.count > Self.maximumCommandsPerRoundTrip { break }
-                        count += request.commands.count
+                        if taken > 0, count + request.count > Self.maximumCommandsPerRoundTrip { break }
+                        count += request.count
                         taken += 1
                     }
                     defer { p.queued.removeFirst(taken) }
@@ -177,13 +188,13 @@ public final class RedisClient: Sendable {
                 }
                 if batch.isEmpty { return }
                 roundTrips.add(1, ordering: .relaxed)
-                let (replies, failure) = connection.run(batch.count == 1 ? batch[0].commands : batch.flatMap(\.commands),
+                let (replies, failure) = connection.run(batch.map(\.encoded), replies: batch.reduce(0) { $0 + $1.count },
                                                         settings: settings)
                 // Each request whose replies were all read has its answer, even when the
                 // connection failed later in the round trip; the others get the error.
                 var start = 0
                 for request in batch {
-                    let end = start + request.commands.count
+                    let end = start + request.count
                     if end <= replies.count {
                         request.continuation.resume(returning: .success(Array(replies[start..<end])))
                     } else {
@@ -223,15 +234,15 @@ final class Connection: @unchecked Sendable {
         context = nil
     }
 
-    /// Sends the commands in one write and reads their replies: all of them, or those read
-    /// before the connection failed, with the failure.
-    func run(_ commands: [[[UInt8]]], settings: RedisConnectionSettings) -> (replies: [RedisReply], failure: RedisError?) {
+    /// Sends encoded commands in one write and reads `count` replies: all of them, or those
+    /// read before the connection failed, with the failure.
+    func run(_ encoded: [[UInt8]], replies count: Int, settings: RedisConnectionSettings) -> (replies: [RedisReply], failure: RedisError?) {
         var replies: [RedisReply] = []
         do throws(RedisError) {
             let context = try connected(settings)
-            for command in commands { try append(command, to: context) }
-            replies.reserveCapacity(commands.count)
-            for _ in commands { replies.append(try reply(from: context)) }
+            for part in encoded { try append(part, to: context) }
+            replies.reserveCapacity(count)
+            for _ in 0..<count { replies.append(try reply(from: context)) }
             return (replies, nil)
         } catch {
             // The connection's state is unknown (half-read replies): start afresh next time.
@@ -255,14 +266,17 @@ final class Connection: @unchecked Sendable {
         redisSetTimeout(opened, timeout)
         redisEnableKeepAlive(opened)
         context = opened
-        var setup: [[[UInt8]]] = []
+        var setup = RESPEncoding(), commands = 0
         if let password = settings.password {
-            let auth = settings.username.map { ["AUTH", $0, password] } ?? ["AUTH", password]
-            setup.append(auth.map { Array($0.utf8) })
+            setup.append(settings.username.map { ["AUTH", $0, password] } ?? ["AUTH", password])
+            commands += 1
         }
-        if settings.database != 0 { setup.append(["SELECT", String(settings.database)].map { Array($0.utf8) }) }
-        for command in setup { try append(command, to: opened) }
-        for (i, _) in setup.enumerated() {
+        if settings.database != 0 {
+            setup.append(["SELECT", String(settings.database)])
+            commands += 1
+        }
+        if commands > 0 { try append(setup.bytes, to: opened) }
+        for i in 0..<commands {
             if case .error(let message) = try reply(from: opened) {
                 disconnect()
                 // Never echo the password: say which step failed and the server's words.
@@ -273,22 +287,10 @@ final class Connection: @unchecked Sendable {
         return opened
     }
 
-    private func append(_ command: [[UInt8]], to context: UnsafeMutablePointer<redisContext>) throws(RedisError) {
-        // hiredis copies the arguments into its output buffer before returning.
-        let lengths = command.map(\.count)
-        let pointers = command.map { bytes -> UnsafeMutablePointer<CChar> in
-            let p = UnsafeMutablePointer<CChar>.allocate(capacity: max(bytes.count, 1))
-            bytes.withUnsafeBufferPointer { b in
-                if let base = b.baseAddress { p.withMemoryRebound(to: UInt8.self, capacity: bytes.count) { $0.update(from: base, count: bytes.count) } }
-            }
-            return p
-        }
-        defer { for p in pointers { p.deallocate() } }
-        var argv = pointers.map { UnsafePointer<CChar>?(UnsafePointer($0)) }
-        let status = argv.withUnsafeMutableBufferPointer { argvBuffer in
-            lengths.withUnsafeBufferPointer { lengthBuffer in
-                redisAppendCommandArgv(context, Int32(command.count), argvBuffer.baseAddress, lengthBuffer.baseAddress)
-            }
+    /// Queues encoded commands in hiredis's output buffer (it copies them before returning).
+    private func append(_ encoded: [UInt8], to context: UnsafeMutablePointer<redisContext>) throws(RedisError) {
+        let status = encoded.withUnsafeBufferPointer { buffer in
+            buffer.withMemoryRebound(to: CChar.self) { redisAppendFormattedCommand(context, $0.baseAddress, $0.count) }
         }
         if status != REDIS_OK { throw RedisError("Redis: \(Self.errorText(context))", retryable: true) }
     }
@@ -326,5 +328,48 @@ final class Connection: @unchecked Sendable {
             String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
         }
         return text.isEmpty ? "connection error \(context.pointee.err)" : text
+    }
+}
+
+/// Commands in the Redis protocol's encoding (RESP: an array of bulk strings each), written
+/// straight into one buffer: no copy of each argument on its way to the connection.
+struct RESPEncoding {
+    private(set) var bytes: [UInt8] = []
+
+    mutating func append(_ command: [String]) {
+        header(UInt8(ascii: "*"), command.count)
+        for argument in command {
+            header(UInt8(ascii: "$"), argument.utf8.count)
+            bytes.append(contentsOf: argument.utf8)
+            endLine()
+        }
+    }
+
+    mutating func append(_ command: [[UInt8]]) {
+        header(UInt8(ascii: "*"), command.count)
+        for argument in command {
+            header(UInt8(ascii: "$"), argument.count)
+            bytes.append(contentsOf: argument)
+            endLine()
+        }
+    }
+
+    /// `*3\r\n`, `$5\r\n`: a kind and a count in decimal.
+    private mutating func header(_ kind: UInt8, _ n: Int) {
+        bytes.append(kind)
+        var divisor = 1
+        while divisor <= n / 10 { divisor *= 10 }
+        var rest = n
+        while divisor > 0 {
+            bytes.append(UInt8(ascii: "0") + UInt8(rest / divisor))
+            rest %= divisor
+            divisor /= 10
+        }
+        endLine()
+    }
+
+    private mutating func endLine() {
+        bytes.append(13)
+        bytes.append(10)
     }
 }

@@ -75,6 +75,27 @@ struct RedisClientTests {
         #expect(try await client.send(["GET", "bin"]) == .string(value))
     }
 
+    /// The protocol's encoding, written by the client itself: counts in decimal, lengths in
+    /// bytes (not characters), empty arguments, and bytes that look like line ends.
+    @Test func commandsAreEncodedAsTheProtocolSays() async throws {
+        var encoded = RESPEncoding()
+        encoded.append(["SET", "", "é"])
+        #expect(String(decoding: encoded.bytes, as: UTF8.self) == "*3\r\n$3\r\nSET\r\n$0\r\n\r\n$2\r\né\r\n")
+        var long = RESPEncoding()
+        long.append([[UInt8]](repeating: [0x0D, 0x0A], count: 10) + [[UInt8](repeating: 0x61, count: 1234)])
+        #expect(String(decoding: long.bytes.prefix(13), as: UTF8.self) == "*11\r\n$2\r\n\r\n\r\n")
+        #expect(String(decoding: long.bytes.suffix(7 + 1234 + 2).prefix(10), as: UTF8.self) == "$1234\r\naaa")
+        let expectedCount = 5 + 10 * 8 + 7 + 1234 + 2
+        #expect(long.bytes.count == expectedCount)
+        // And a server reads them back whole.
+        let server = try await RedisServer()
+        let client = RedisClient(settings: .init(host: "127.0.0.1", port: server.port))
+        defer { client.close() }
+        let values = ["", "é\r\n*1\r\n", String(repeating: "x", count: 100_000)]
+        _ = try await client.pipeline(values.enumerated().map { ["SET", "k\($0.offset)", $0.element] })
+        for (i, value) in values.enumerated() { #expect(try await client.send(["GET", "k\(i)"]) == .string(Array(value.utf8))) }
+    }
+
     @Test func passwordAndDatabaseNumber() async throws {
         let server = try await RedisServer(password: "correct horse")
         let client = RedisClient(settings: .init(host: "127.0.0.1", port: server.port, database: 3, password: "correct horse"))
