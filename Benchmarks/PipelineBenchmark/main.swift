@@ -112,7 +112,7 @@ nonisolated func ledgerOnly(events: Int, callers: Int) async throws -> Double {
     }
     let rate = Double(events) / Date().timeIntervalSince(start)
     await ledger.close()
-    try? FileManager.default.removeItem(atPath: path)
+    for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: path + suffix) }
     return rate
 }
 let ledgerRate = try await ledgerOnly(events: 20_000, callers: 64)
