@@ -138,6 +138,25 @@ struct SQLiteLedgerTests {
         await ledger.close()
     }
 
+    /// Issue 10, defect 10: a revocation answered under load was made again after a SIGKILL,
+    /// because its outcome waited behind the intake's ledger writes. An outcome queued behind
+    /// several intake writes is committed with the one under way, before the others.
+    @Test func aStepsOutcomeIsNotQueuedBehindIntakeWrites() async throws {
+        let ledger = try SQLiteLedger(path: Self.temporaryPath())
+        let underWay = await HeldWrite(ledger)
+        async let first = ledger.writer.submitTimed(alone: true) { _ in 1 }
+        #expect(await eventually { ledger.writer.queued == 1 })
+        async let second = ledger.writer.submitTimed(alone: true) { _ in 2 }
+        #expect(await eventually { ledger.writer.queued == 2 })
+        async let outcome = ledger.writer.submitTimed(urgent: true) { _ in 3 }
+        #expect(await eventually { ledger.writer.urgentQueued == 1 })
+        let underWayCommit = try await underWay.release()
+        let (firstCommit, secondCommit, outcomeCommit) = try await (first.1, second.1, outcome.1)
+        #expect(outcomeCommit == underWayCommit, "the outcome joins the write under way")
+        #expect(outcomeCommit < firstCommit && outcomeCommit < secondCommit)
+        await ledger.close()
+    }
+
     /// An urgent write that fails while joining an intake write fails alone: the intake write
     /// is tried again by itself and committed.
     @Test(.timeLimit(.minutes(1))) func anUrgentWriteThatFailsWhileJoiningAnotherFailsAlone() async throws {
