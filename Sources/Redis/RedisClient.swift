@@ -116,21 +116,26 @@ public final class RedisClient: Sendable {
     /// Sends commands in one write and returns their replies, in order. An error reply is a
     /// reply (`.error`), not a thrown error.
     public func pipeline(_ commands: [[String]]) async throws(RedisError) -> [RedisReply] {
-        var encoded = RESPEncoding()
-        for command in commands { encoded.append(command) }
-        return try await send(encoded.bytes, count: commands.count)
+        try await send(commands.map { $0.lazy.map(\.utf8) })
     }
 
     /// Commands whose arguments are bytes.
     public func pipeline(_ commands: [[[UInt8]]]) async throws(RedisError) -> [RedisReply] {
-        var encoded = RESPEncoding()
-        for command in commands { encoded.append(command) }
-        return try await send(encoded.bytes, count: commands.count)
+        try await send(commands)
     }
 
-    /// Sends `count` commands already encoded, in one write, and returns their replies.
+    /// Encodes the commands into one buffer and sends them in one write; returns their replies.
+    private func send<Command: Collection>(_ commands: [Command]) async throws(RedisError) -> [RedisReply]
+        where Command.Element: Collection<UInt8>
+    {
+        guard !commands.isEmpty else { return [] }
+        var encoding = RESPEncoding()
+        for command in commands { encoding.append(command) }
+        return try await send(encoding.bytes, count: commands.count)
+    }
+
+    /// Sends `count` encoded commands in one write and returns their replies.
     private func send(_ encoded: [UInt8], count: Int) async throws(RedisError) -> [RedisReply] {
-        guard count > 0 else { return [] }
         let result = await withCheckedContinuation { (continuation: CheckedContinuation<Result<[RedisReply], RedisError>, Never>) in
             enum Start { case closed, queued, drive(Connection) }
             let start = pool.withLock { p -> Start in
@@ -268,11 +273,11 @@ final class Connection: @unchecked Sendable {
         context = opened
         var setup = RESPEncoding(), commands = 0
         if let password = settings.password {
-            setup.append(settings.username.map { ["AUTH", $0, password] } ?? ["AUTH", password])
+            setup.append((settings.username.map { ["AUTH", $0, password] } ?? ["AUTH", password]).lazy.map(\.utf8))
             commands += 1
         }
         if settings.database != 0 {
-            setup.append(["SELECT", String(settings.database)])
+            setup.append(["SELECT", String(settings.database)].lazy.map(\.utf8))
             commands += 1
         }
         if commands > 0 { try append(setup.bytes, to: opened) }
@@ -336,16 +341,8 @@ final class Connection: @unchecked Sendable {
 struct RESPEncoding {
     private(set) var bytes: [UInt8] = []
 
-    mutating func append(_ command: [String]) {
-        header(UInt8(ascii: "*"), command.count)
-        for argument in command {
-            header(UInt8(ascii: "$"), argument.utf8.count)
-            bytes.append(contentsOf: argument.utf8)
-            endLine()
-        }
-    }
-
-    mutating func append(_ command: [[UInt8]]) {
+    /// One command: its arguments as bytes (`["SET", "k", "v"].lazy.map(\.utf8)`, or `[[UInt8]]`).
+    mutating func append<Command: Collection>(_ command: Command) where Command.Element: Collection<UInt8> {
         header(UInt8(ascii: "*"), command.count)
         for argument in command {
             header(UInt8(ascii: "$"), argument.count)

@@ -79,7 +79,7 @@ struct RedisClientTests {
     /// bytes (not characters), empty arguments, and bytes that look like line ends.
     @Test func commandsAreEncodedAsTheProtocolSays() async throws {
         var encoded = RESPEncoding()
-        encoded.append(["SET", "", "é"])
+        encoded.append(["SET", "", "é"].lazy.map(\.utf8))
         #expect(String(decoding: encoded.bytes, as: UTF8.self) == "*3\r\n$3\r\nSET\r\n$0\r\n\r\n$2\r\né\r\n")
         var long = RESPEncoding()
         long.append([[UInt8]](repeating: [0x0D, 0x0A], count: 10) + [[UInt8](repeating: 0x61, count: 1234)])
