@@ -1,87 +1,52 @@
 /// The claims of a Security Event Token (RFC 8417), with its events and their subjects.
 /// Built from an already-authenticated claims object; holds no I/O.
 public struct SecurityEventToken: Sendable, Hashable {
-    public var issuer: String { storage.issuer }
+    public var issuer: String { storage.fields.issuer }
     /// `iat`, seconds since the epoch.
-    public var issuedAt: Double { storage.issuedAt }
-    public var jti: String { storage.jti }
+    public var issuedAt: Double { storage.fields.issuedAt }
+    public var jti: String { storage.fields.jti }
     /// `aud` as a list (a single string becomes a one-element list); empty when absent.
-    public var audience: [String] { storage.audience }
-    public var events: [SecurityEvent] { storage.events }
+    public var audience: [String] { storage.fields.audience }
+    public var events: [SecurityEvent] { storage.fields.events }
     /// `sub` (RFC 8417 optional; SSF forbids it).
-    public var subject: String? { storage.subject }
+    public var subject: String? { storage.fields.subject }
     /// `sub_id` (RFC 9493; SSF's primary subject).
-    public var subjectIdentifier: SubjectIdentifier? { storage.subjectIdentifier }
-    public var transaction: String? { storage.transaction }
+    public var subjectIdentifier: SubjectIdentifier? { storage.fields.subjectIdentifier }
+    public var transaction: String? { storage.fields.transaction }
     /// `toe`: when the event happened.
-    public var timeOfEvent: Double? { storage.timeOfEvent }
-    public var expiration: Double? { storage.expiration }
+    public var timeOfEvent: Double? { storage.fields.timeOfEvent }
+    public var expiration: Double? { storage.fields.expiration }
     /// Every claim as received, including ones Warden does not interpret.
-    public var claims: JSONObject { storage.claims }
+    public var claims: JSONObject { storage.fields.claims }
 
-    /// The claims behind one reference: a token travels with its event through every stage
+    struct Fields: Sendable, Hashable {
+        var issuer: String
+        var issuedAt: Double
+        var jti: String
+        var audience: [String]
+        var events: [SecurityEvent]
+        var subject: String?
+        var subjectIdentifier: SubjectIdentifier?
+        var transaction: String?
+        var timeOfEvent: Double?
+        var expiration: Double?
+        var claims: JSONObject
+    }
+
+    /// The fields behind one reference: a token travels with its event through every stage
     /// and step, and a copy is then one retain instead of one per string, array and object.
     private final class Storage: Sendable {
-        let issuer: String
-        let issuedAt: Double
-        let jti: String
-        let audience: [String]
-        let events: [SecurityEvent]
-        let subject: String?
-        let subjectIdentifier: SubjectIdentifier?
-        let transaction: String?
-        let timeOfEvent: Double?
-        let expiration: Double?
-        let claims: JSONObject
-
-        init(issuer: String, issuedAt: Double, jti: String, audience: [String], events: [SecurityEvent], subject: String?,
-             subjectIdentifier: SubjectIdentifier?, transaction: String?, timeOfEvent: Double?, expiration: Double?,
-             claims: JSONObject) {
-            self.issuer = issuer
-            self.issuedAt = issuedAt
-            self.jti = jti
-            self.audience = audience
-            self.events = events
-            self.subject = subject
-            self.subjectIdentifier = subjectIdentifier
-            self.transaction = transaction
-            self.timeOfEvent = timeOfEvent
-            self.expiration = expiration
-            self.claims = claims
-        }
+        let fields: Fields
+        init(_ fields: Fields) { self.fields = fields }
     }
 
     private let storage: Storage
 
-    init(issuer: String, issuedAt: Double, jti: String, audience: [String], events: [SecurityEvent], subject: String?,
-         subjectIdentifier: SubjectIdentifier?, transaction: String?, timeOfEvent: Double?, expiration: Double?,
-         claims: JSONObject) {
-        storage = Storage(issuer: issuer, issuedAt: issuedAt, jti: jti, audience: audience, events: events, subject: subject,
-                          subjectIdentifier: subjectIdentifier, transaction: transaction, timeOfEvent: timeOfEvent,
-                          expiration: expiration, claims: claims)
-    }
+    init(_ fields: Fields) { storage = Storage(fields) }
 
-    public static func == (a: Self, b: Self) -> Bool {
-        a.storage === b.storage
-            || (a.issuer == b.issuer && a.issuedAt == b.issuedAt && a.jti == b.jti && a.audience == b.audience
-                && a.events == b.events && a.subject == b.subject && a.subjectIdentifier == b.subjectIdentifier
-                && a.transaction == b.transaction && a.timeOfEvent == b.timeOfEvent && a.expiration == b.expiration
-                && a.claims == b.claims)
-    }
+    public static func == (a: Self, b: Self) -> Bool { a.storage === b.storage || a.storage.fields == b.storage.fields }
 
-    public func hash(into hasher: inout Hasher) {
-        hasher.combine(issuer)
-        hasher.combine(issuedAt)
-        hasher.combine(jti)
-        hasher.combine(audience)
-        hasher.combine(events)
-        hasher.combine(subject)
-        hasher.combine(subjectIdentifier)
-        hasher.combine(transaction)
-        hasher.combine(timeOfEvent)
-        hasher.combine(expiration)
-        hasher.combine(claims)
-    }
+    public func hash(into hasher: inout Hasher) { hasher.combine(storage.fields) }
 
     /// Event types no specification Warden implements defines. They are kept, not refused.
     public var unknownEventTypes: [EventType] { events.map(\.type).filter { !$0.isKnown } }
@@ -289,9 +254,9 @@ extension SecurityEventToken {
             events.append(SecurityEvent(type: type, payload: payload, subject: subject, subjectSource: source))
         }
 
-        return SecurityEventToken(issuer: iss, issuedAt: iat, jti: jti, audience: audience, events: events,
-                                  subject: sub, subjectIdentifier: subID, transaction: txn, timeOfEvent: toe,
-                                  expiration: exp, claims: claims)
+        return SecurityEventToken(Fields(issuer: iss, issuedAt: iat, jti: jti, audience: audience, events: events,
+                                         subject: sub, subjectIdentifier: subID, transaction: txn, timeOfEvent: toe,
+                                         expiration: exp, claims: claims))
     }
 }
 
