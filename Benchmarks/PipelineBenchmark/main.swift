@@ -90,7 +90,7 @@ let verifyRate = await verifyOnly(seconds: 3)
 
 // The ledger alone: claim and record, from as many concurrent callers as the worker has lanes.
 nonisolated func ledgerOnly(events: Int, callers: Int) async throws -> Double {
-    let path = FileManager.default.temporaryDirectory.appendingPathComponent("warden-bench-ledger-\(UUID().uuidString).sqlite").path
+    let path = Scratch.path("bench-ledger", extension: "sqlite")
     let ledger = try SQLiteLedger(path: path)
     let token = String(store.lines[0].split(separator: "\t")[1])
     let start = Date()
@@ -120,8 +120,7 @@ print("ledger alone (claim with plan, 64 concurrent callers): \(Int(ledgerRate))
 
 // The cluster and the worker's configuration.
 let cluster = try EmbeddedKafkaCluster(topics: [("security-events", partitions), ("security-events.dlq", 1)], logger: logger)
-let directory = FileManager.default.temporaryDirectory.appendingPathComponent("warden-bench-\(UUID().uuidString)")
-try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+let directory = try Scratch.directory("bench")
 defer { try? FileManager.default.removeItem(at: directory) }
 try jwks.write(to: directory.appendingPathComponent("jwks.json"), atomically: true, encoding: .utf8)
 let tokensFile = directory.appendingPathComponent("tokens.tsv")

@@ -17,8 +17,7 @@ public final class RedisServer: @unchecked Sendable {
         self.port = try freeLoopbackPort()
         self.password = password
         self.persistent = persistent
-        directory = FileManager.default.temporaryDirectory.appendingPathComponent("warden-redis-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        directory = try Scratch.directory("redis")
         try await start()
     }
 

@@ -56,7 +56,7 @@ struct SQLStepTests {
     }
 
     @Test func sqliteStatementAndLookup() async throws {
-        let path = FileManager.default.temporaryDirectory.appendingPathComponent("warden-app-\(UUID().uuidString).sqlite").path
+        let path = Scratch.path("app", extension: "sqlite")
         defer { try? FileManager.default.removeItem(atPath: path) }
         let target = try SQLTarget(location: "sqlite:" + path, logger: Self.quiet)
         let executor = SQLStepExecutor(targets: ["app": target])

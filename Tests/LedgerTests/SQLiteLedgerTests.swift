@@ -7,7 +7,7 @@ import WardenTestSupport
 @Suite("SQLite ledger")
 struct SQLiteLedgerTests {
     static func temporaryPath() -> String {
-        FileManager.default.temporaryDirectory.appendingPathComponent("warden-ledger-\(UUID().uuidString)/ledger.sqlite").path
+        (try! Scratch.directory("ledger")).appendingPathComponent("ledger.sqlite").path
     }
 
     static func event(jti: String, issuer: String = "https://issuer.example/", source: String = "kafka:t/0/1") -> LedgerEvent {

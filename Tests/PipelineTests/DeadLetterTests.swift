@@ -8,6 +8,7 @@ import Logging
 import Synchronization
 import Testing
 import TokenVerification
+import WardenTestSupport
 
 /// Dead letters that cannot be produced whole, or at all: one message that can never be
 /// dead-lettered must not stop the messages after it.
@@ -64,7 +65,7 @@ struct DeadLetterTests {
     // A dead letter the cluster will never take: the message is recorded in the ledger (kept
     // there only), committed, and the next message is handled — no retry for ever.
     @Test func aDeadLetterRefusedForGoodIsKeptInTheLedgerAndTheIntakeGoesOn() async throws {
-        let path = FileManager.default.temporaryDirectory.appendingPathComponent("warden-dlq-\(UUID().uuidString).sqlite").path
+        let path = Scratch.path("dlq", extension: "sqlite")
         defer { try? FileManager.default.removeItem(atPath: path) }
         let ledger = try SQLiteLedger(path: path)
         let sink = RefusingSink()

@@ -18,10 +18,8 @@ enum Warden {
         try await runToEnd(executable, arguments, environment: environment, stdin: stdin, currentDirectory: currentDirectory)
     }
 
-    /// A scratch folder removed when the test ends.
+    /// A scratch folder, removed when the test process exits.
     static func temporaryDirectory() throws -> URL {
-        let url = FileManager.default.temporaryDirectory.appendingPathComponent("warden-test-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
-        return url
+        try Scratch.directory("test")
     }
 }
