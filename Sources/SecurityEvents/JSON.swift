@@ -113,9 +113,17 @@ public struct JSONObject: Sendable, Hashable, Sequence {
 /// Whether two member names are the same name: compared code point by code point (RFC 8259
 /// §8.3), not by Swift's `==`, which takes canonically equivalent strings as equal — "K"
 /// (U+004B) and the Kelvin sign (U+212A) are two names, and a member must not pass for another.
+///
+/// Byte-identical strings are canonically equivalent, so `==` (a byte comparison for the ASCII
+/// names tokens hold) rules out nearly every pair at its own speed; only a pair it takes as
+/// equal has its bytes compared.
 @inline(__always)
 func sameName(_ a: String, _ b: String) -> Bool {
-    a.utf8.elementsEqual(b.utf8)
+    guard a == b else { return false }
+    let bytesCompared = a.utf8.withContiguousStorageIfAvailable { a in
+        b.utf8.withContiguousStorageIfAvailable { b in a.elementsEqual(b) }
+    }
+    return (bytesCompared ?? nil) ?? a.utf8.elementsEqual(b.utf8)
 }
 
 /// A member name hashed and compared by its code points, for the parser's duplicate check.
