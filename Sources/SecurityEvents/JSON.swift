@@ -119,11 +119,7 @@ public struct JSONObject: Sendable, Hashable, Sequence {
 /// equal has its bytes compared.
 @inline(__always)
 func sameName(_ a: String, _ b: String) -> Bool {
-    guard a == b else { return false }
-    let bytesCompared = a.utf8.withContiguousStorageIfAvailable { a in
-        b.utf8.withContiguousStorageIfAvailable { b in a.elementsEqual(b) }
-    }
-    return (bytesCompared ?? nil) ?? a.utf8.elementsEqual(b.utf8)
+    a == b && a.utf8.elementsEqual(b.utf8)
 }
 
 /// A member name hashed and compared by its code points, for the parser's duplicate check.
