@@ -42,6 +42,42 @@ public struct StepContext: Sendable {
 /// not recorded before a crash runs again, and running it twice has the effect of running it once.
 public protocol StepExecutor: Sendable {
     func execute(_ action: StepAction, context: StepContext) async -> StepOutcome
+    /// Runs steps of several events at once; their outcomes, in order. Calls to a target that
+    /// allows it share round trips (Redis: one pipeline). By default each runs in a task of its own.
+    func execute(_ calls: [StepCall]) async -> [StepOutcome]
+    /// Whether steps like this one gain from running with other events' (`execute(_ calls:)`):
+    /// the step runner then gathers them. Others run on their own, so a slow call (a webhook
+    /// near its deadline) holds up no other event's. By default, none.
+    func runsTogether(_ action: StepAction) -> Bool
+}
+
+/// One step to run for one event.
+public struct StepCall: Sendable {
+    public var action: StepAction
+    public var context: StepContext
+
+    public init(action: StepAction, context: StepContext) {
+        self.action = action
+        self.context = context
+    }
+}
+
+extension StepExecutor {
+    public func execute(_ calls: [StepCall]) async -> [StepOutcome] { await executeEach(calls) }
+    public func runsTogether(_ action: StepAction) -> Bool { false }
+
+    /// Each call on its own, all at once.
+    public func executeEach(_ calls: [StepCall]) async -> [StepOutcome] {
+        if calls.count == 1 { return [await execute(calls[0].action, context: calls[0].context)] }
+        return await withTaskGroup(of: (Int, StepOutcome).self) { group in
+            for (i, call) in calls.enumerated() {
+                group.addTask { (i, await execute(call.action, context: call.context)) }
+            }
+            var outcomes = [StepOutcome?](repeating: nil, count: calls.count)
+            for await (i, outcome) in group { outcomes[i] = outcome }
+            return outcomes.map { $0! }
+        }
+    }
 }
 
 /// Runs any planned step on the target it names: Redis steps, RFC 7009 revocation of a token
@@ -75,6 +111,26 @@ public struct TargetExecutor: StepExecutor {
             return await webhooks.notify(context, eventType: context.eventType, at: endpoint)
         case .sql:
             return await sql.execute(action, context: context)
+        }
+    }
+
+    /// The Redis steps together (one pipeline per target where they allow it), the others each
+    /// on its own, all at once.
+    public func execute(_ calls: [StepCall]) async -> [StepOutcome] {
+        let isRedis = calls.map { Self.isRedis($0.action) }
+        let redisCalls = zip(calls, isRedis).filter(\.1).map(\.0), otherCalls = zip(calls, isRedis).filter { !$0.1 }.map(\.0)
+        async let redisOutcomes = redisCalls.isEmpty ? [] : redis.execute(redisCalls)
+        let otherOutcomes = otherCalls.isEmpty ? [] : await executeEach(otherCalls)
+        var fromRedis = await redisOutcomes.makeIterator(), fromOthers = otherOutcomes.makeIterator()
+        return isRedis.map { $0 ? fromRedis.next()! : fromOthers.next()! }
+    }
+
+    public func runsTogether(_ action: StepAction) -> Bool { Self.isRedis(action) && redis.runsTogether(action) }
+
+    static func isRedis(_ action: StepAction) -> Bool {
+        switch action {
+        case .purgeSet, .purgeKeys, .purgePattern, .setFlag, .deleteToken, .deleteTokens: true
+        case .revokeTokens, .notify, .sql: false
         }
     }
 

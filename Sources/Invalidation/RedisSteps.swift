@@ -48,6 +48,41 @@ public struct RedisStepExecutor: StepExecutor {
         }
     }
 
+    /// Purge-set steps: their first pages share one round trip.
+    public func runsTogether(_ action: StepAction) -> Bool {
+        if case .purgeSet = action { return true }
+        return false
+    }
+
+    /// Purge-set steps share one round trip per target; the other steps run each on its own,
+    /// all at once.
+    public func execute(_ calls: [StepCall]) async -> [StepOutcome] {
+        var purges: [String: [(index: Int, set: String)]] = [:]
+        var others: [Int] = []
+        for (i, call) in calls.enumerated() {
+            if case .purgeSet(let target, let set) = call.action, clients[target] != nil, !refusingScripts.contains(target) {
+                purges[target, default: []].append((i, set))
+            } else {
+                others.append(i)
+            }
+        }
+        if purges.isEmpty { return await executeEach(calls) }
+        var outcomes = [StepOutcome?](repeating: nil, count: calls.count)
+        await withTaskGroup(of: [(Int, StepOutcome)].self) { group in
+            for (target, sets) in purges {
+                group.addTask {
+                    let answered = await purgeSets(clients[target]!, target: target, sets.map(\.set))
+                    return Array(zip(sets.map(\.index), answered))
+                }
+            }
+            if !others.isEmpty {
+                group.addTask { [others] in Array(zip(others, await executeEach(others.map { calls[$0] }))) }
+            }
+            for await part in group { for (i, outcome) in part { outcomes[i] = outcome } }
+        }
+        return outcomes.map { $0! }
+    }
+
     // MARK: - Steps
 
     /// Deletes every key the set lists, then removes those members from the set (so a session
@@ -58,8 +93,13 @@ public struct RedisStepExecutor: StepExecutor {
     /// Each page (SSCAN, UNLINK, SREM) is one round trip: a script run by the server
     /// (`purgePageScript`), which also makes the page atomic. A server that refuses scripts gets
     /// the page in two round trips instead.
-    func purgeSet(_ client: RedisClient, target: String, _ set: String) async throws(StepFailure) -> StepOutcome {
-        var page = PurgeProgress()
+    ///
+    /// `page`: where an earlier call left off (a purge whose first page was read with other
+    /// events' steps, in `execute(_:)`).
+    func purgeSet(_ client: RedisClient, target: String, _ set: String, continuing page: PurgeProgress = PurgeProgress())
+        async throws(StepFailure) -> StepOutcome
+    {
+        var page = page
         repeat {
             if !refusingScripts.contains(target), try await purgePageByScript(client, target: target, set, &page) { continue }
             try await purgePage(client, set, &page)
@@ -99,10 +139,21 @@ public struct RedisStepExecutor: StepExecutor {
     {
         let arguments = ["1", set, page.cursor, String(chunk)]
         var reply = try await send(client, [["EVALSHA", Self.purgePageDigest] + arguments])[0]
-        if case .error(let message) = reply, message.hasPrefix("NOSCRIPT") {
+        if Self.isUncachedScript(reply) {
             // Not in the server's script cache yet (or flushed): sent whole once, cached after.
             reply = try await send(client, [["EVAL", Self.purgePageScript] + arguments])[0]
         }
+        return try take(reply, target: target, &page)
+    }
+
+    static func isUncachedScript(_ reply: RedisReply) -> Bool {
+        if case .error(let message) = reply, message.hasPrefix("NOSCRIPT") { return true }
+        return false
+    }
+
+    /// Reads the script's reply for one page into `page`; false, with nothing done, when the
+    /// server refuses scripts (the target is then remembered as refusing them).
+    func take(_ reply: RedisReply, target: String, _ page: inout PurgeProgress) throws(StepFailure) -> Bool {
         if case .error(let message) = reply, Self.refusesScripts(message) {
             refusingScripts.insert(target)
             return false
@@ -115,6 +166,50 @@ public struct RedisStepExecutor: StepExecutor {
         page.members += Int(members)
         page.deleted += deleted
         return true
+    }
+
+    /// Purge-set steps of many events on one target: the first page of every set in one round
+    /// trip (one script call each). A purge with more pages goes on alone, as does every purge
+    /// when the server does not run the cached script (not cached yet, or scripts refused).
+    func purgeSets(_ client: RedisClient, target: String, _ sets: [String]) async -> [StepOutcome] {
+        let replies: [RedisReply]
+        do throws(StepFailure) {
+            replies = try await send(client, sets.map { ["EVALSHA", Self.purgePageDigest, "1", $0, "0", String(chunk)] })
+        } catch {
+            return Array(repeating: error.outcome, count: sets.count)
+        }
+        var outcomes = [StepOutcome?](repeating: nil, count: sets.count)
+        var alone: [Int: PurgeProgress] = [:]
+        for (i, reply) in replies.enumerated() {
+            var page = PurgeProgress()
+            do throws(StepFailure) {
+                let taken = Self.isUncachedScript(reply) ? false : try take(reply, target: target, &page)
+                if !taken {
+                    alone[i] = PurgeProgress()
+                } else if page.cursor != "0" {
+                    alone[i] = page
+                } else {
+                    outcomes[i] = .done("\(page.members) listed, \(page.deleted) keys deleted from \(sets[i])")
+                }
+            } catch {
+                outcomes[i] = error.outcome
+            }
+        }
+        if !alone.isEmpty {
+            await withTaskGroup(of: (Int, StepOutcome).self) { group in
+                for (i, page) in alone {
+                    group.addTask {
+                        do throws(StepFailure) {
+                            return (i, try await purgeSet(client, target: target, sets[i], continuing: page))
+                        } catch {
+                            return (i, error.outcome)
+                        }
+                    }
+                }
+                for await (i, outcome) in group { outcomes[i] = outcome }
+            }
+        }
+        return outcomes.map { $0! }
     }
 
     /// Scripting turned off, renamed away or denied to this user by an ACL. (A denial of the

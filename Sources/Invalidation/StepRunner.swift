@@ -192,9 +192,10 @@ extension PlannedStep {
 ///   `maximumAttempts` and dead-lettered; the event's other steps still run.
 /// - The event's lease keeps two processes from running its steps at once; recording checks the
 ///   step is still pending.
-/// - Steps of many events run at once (one task each), so their calls to one target share round
-///   trips (the Redis client pipelines concurrent requests) and their outcomes share ledger
-///   writes: concurrent outcomes are recorded in one write.
+/// - Steps of many events run together (`runTogether`): one executor call for their first
+///   attempts (one round trip per target where it allows), one journal write for the outcomes.
+///   Events run on their own (`run`, one task each) still share: the Redis client pipelines
+///   concurrent requests, and concurrent outcomes are recorded in one write.
 public struct StepRunner: Sendable {
     public struct Configuration: Sendable {
         /// Attempts at a step that its target keeps refusing with a retryable answer while it
@@ -254,6 +255,12 @@ public struct StepRunner: Sendable {
     /// A step that fails for good is dead-lettered with its reason, and the others still run.
     /// Returns nil when the process stops first, or the door takes the message back.
     public func run(_ event: EventSteps) async -> EventEnd? {
+        await run(event, attempts: Attempts(), pause: nil)
+    }
+
+    /// `run`, the first pending step taken up where `runTogether` left it: `attempts` made,
+    /// and a pause before the next.
+    private func run(_ event: EventSteps, attempts: Attempts, pause: Double?) async -> EventEnd? {
         var outcomeIfDone = event.outcomeIfDone
         let steps: [JournalStep]
         if let known = event.steps {
@@ -272,10 +279,11 @@ public struct StepRunner: Sendable {
         var lease = Lease(runner: self, eventID: event.eventID, until: event.leasedUntil)
         var failed = outcomeIfDone == .failed
         var finished = false
-        for step in steps {
+        for (n, step) in steps.enumerated() {
             let isLast = step.index == steps.last?.index
             let planned = event.planned.first(where: { $0.index == step.index }) ?? PlannedStep(encoded: step.action)
-            switch await run(step, planned, of: event, isLast: isLast, failedSoFar: failed, lease: &lease) {
+            switch await run(step, planned, of: event, isLast: isLast, failedSoFar: failed, lease: &lease,
+                             attempts: n == 0 ? attempts : Attempts(), pause: n == 0 ? pause : nil) {
             case .recorded(let stepFailed):
                 if stepFailed { failed = true }
                 finished = isLast
@@ -289,10 +297,119 @@ public struct StepRunner: Sendable {
                 try await journal.finish(event: event.eventID, outcome: outcome)
             }) != nil else { return nil }
         }
+        logFinished(event, outcome)
+        return outcome
+    }
+
+    private func logFinished(_ event: EventSteps, _ outcome: EventEnd) {
         logger.info("event's steps finished", metadata: [
             "warden.event_id": "\(event.eventID)", "warden.outcome": "\(outcome.rawValue)", "warden.source": "\(event.source)",
         ])
-        return outcome
+    }
+
+    /// Runs the steps of several events at once, sharing round trips and writes: the first
+    /// attempts at the events' first steps go to each target in one executor call (for steps
+    /// the executor runs together: one round trip), and the outcomes each target answered are
+    /// recorded in one write. Targets do not wait for each other. What is left of an event — its
+    /// next steps, a retry, a target resting behind its breaker, a lease to renew, a step the
+    /// executor does not run together — runs on its own, as `run` would. Each event is new (its
+    /// steps known, all pending). `finished` hears about each event once, as it ends, what
+    /// `run` would return.
+    public func runTogether(_ events: [EventSteps], finished: @escaping @Sendable (Int, EventEnd?) async -> Void) async {
+        await withTaskGroup(of: Void.self) { group in
+            var byTarget: [String: [Call]] = [:]
+            var targets: [String] = []
+            let now = Date().timeIntervalSince1970
+            for (i, event) in events.enumerated() {
+                guard let steps = event.steps, let step = steps.first, step.status == .pending,
+                      let planned = event.planned.first(where: { $0.index == step.index }),
+                      executor.runsTogether(planned.action), now <= event.leasedUntil - leaseSeconds / 3 else {
+                    group.addTask { await finished(i, await run(event)) }
+                    continue
+                }
+                guard event.permit.beginAction() else {
+                    logTakenBack(event)
+                    await finished(i, nil)
+                    continue
+                }
+                let target = Self.target(of: planned, step)
+                guard breakers.allow(target) else {
+                    event.permit.endAction()
+                    group.addTask { await finished(i, await run(event)) }
+                    continue
+                }
+                var context = event.context
+                context.eventType = planned.eventType
+                if byTarget[target] == nil { targets.append(target) }
+                byTarget[target, default: []].append(Call(i: i, step: step, target: target, isLast: steps.count == 1,
+                                                          call: StepCall(action: planned.action, context: context)))
+            }
+            for target in targets {
+                let calls = byTarget[target]!
+                group.addTask { await runTogether(calls, of: events, finished: finished) }
+            }
+        }
+    }
+
+    /// A first step of one event, to run with others'.
+    private struct Call {
+        let i: Int
+        let step: JournalStep
+        let target: String
+        let isLast: Bool
+        let call: StepCall
+    }
+
+    /// One target's calls: one executor call, one write of the outcomes; then what is left of
+    /// each event on its own.
+    private func runTogether(_ calls: [Call], of events: [EventSteps], finished: @escaping @Sendable (Int, EventEnd?) async -> Void) async {
+        await withTaskGroup(of: Void.self) { alone in
+            /// The event goes on on its own from here.
+            func goOn(_ i: Int, _ event: EventSteps, attempts: Attempts = Attempts(), pause: Double? = nil) {
+                alone.addTask { await finished(i, await run(event, attempts: attempts, pause: pause)) }
+            }
+            let calledAt = breakers.currentTime
+            let answers = await executor.execute(calls.map(\.call))
+            let answeredAt = ContinuousClock.now
+            var toRecord: [(call: Call, record: StepRecord)] = []
+            toRecord.reserveCapacity(calls.count)
+            for (call, outcome) in zip(calls, answers) {
+                let event = events[call.i]
+                var attempts = Attempts()
+                switch judge(outcome, call.step, of: event, target: call.target, calledAt: calledAt, isLast: call.isLast,
+                             failedSoFar: event.outcomeIfDone == .failed, attempts: &attempts) {
+                case .record(let record, let deadLetter):
+                    if let deadLetter {
+                        guard await send(deadLetter, for: event) else {
+                            event.permit.endAction()
+                            await finished(call.i, nil)
+                            continue
+                        }
+                    }
+                    toRecord.append((call, record))
+                case .retry(let after):
+                    event.permit.endAction()
+                    goOn(call.i, event, attempts: attempts, pause: after)
+                }
+            }
+            let written = await outcomes.write(together: toRecord.map(\.record), answeredAt: answeredAt)
+            for ((call, record), recorded) in zip(toRecord, written) {
+                var event = events[call.i]
+                event.permit.endAction()
+                guard recorded else {
+                    await finished(call.i, nil)
+                    continue
+                }
+                if call.isLast, let outcome = record.finishing {
+                    logFinished(event, outcome)
+                    await finished(call.i, outcome)
+                } else {
+                    event.steps?.removeFirst()
+                    if record.failed { event.outcomeIfDone = .failed }
+                    goOn(call.i, event)
+                }
+            }
+        }
     }
 
     /// What one step came to.
@@ -311,28 +428,116 @@ public struct StepRunner: Sendable {
         case stopped
     }
 
-    private func run(_ step: JournalStep, _ planned: PlannedStep?, of event: EventSteps, isLast: Bool, failedSoFar: Bool,
-                     lease: inout Lease) async -> StepEnd {
-        let finishing: (Bool) -> EventEnd? = { stepFailed in
-            isLast ? (failedSoFar || stepFailed ? .failed : event.outcomeIfDone) : nil
-        }
-        guard let planned else {
-            // Cannot happen with this version's ledger; refuse to guess what to do.
-            let record = StepRecord(eventID: event.eventID, index: step.index, failed: true,
-                                    detail: "the step in the ledger cannot be read", finishing: finishing(true))
-            return await outcomes.write(record) ? .recorded(failed: true) : .stopped
-        }
-        var context = event.context
-        context.eventType = planned.eventType
-        var attempt = 0, refusals = 0
+    /// What attempts at one step have come to so far.
+    struct Attempts {
+        /// Attempts made (the backoff grows with them).
+        var attempt = 0
+        /// Retryable refusals while the target answered other events.
+        var refusals = 0
+        /// When the last attempt called the target.
         var previousCall: Double? = nil
-        let target = planned.action.targets.first ?? planned.action.store.map { "store:" + $0 } ?? step.kind
+    }
+
+    /// What a target's answer to one attempt comes to.
+    private enum Answer {
+        /// To be recorded: done, or failed for good (then dead-lettered first, with this description).
+        case record(StepRecord, deadLetter: String?)
+        /// Run it again after this many seconds.
+        case retry(after: Double)
+    }
+
+    /// The target a step calls, for its circuit breaker.
+    private static func target(of planned: PlannedStep, _ step: JournalStep) -> String {
+        planned.action.targets.first ?? planned.action.store.map { "store:" + $0 } ?? step.kind
+    }
+
+    private func logTakenBack(_ event: EventSteps) {
+        logger.notice("message taken back by its door; its steps are left to the next owner",
+                      metadata: ["warden.event_id": "\(event.eventID)", "warden.source": "\(event.source)"])
+    }
+
+    /// Tells the target's breaker how it answered, counts a refusal (a step its target keeps
+    /// refusing while it serves other events fails after `maximumAttempts`), reports and logs
+    /// the answer; what it comes to.
+    private func judge(_ answer: StepOutcome, _ step: JournalStep, of event: EventSteps, target: String, calledAt: Double,
+                       isLast: Bool, failedSoFar: Bool, attempts: inout Attempts) -> Answer {
+        var outcome = answer
+        if case .retry = outcome {
+            breakers.record(target, reachable: false, calledAt: calledAt)
+            // The target answered someone else since our last try, yet not us: this event, not
+            // the target, is the problem.
+            if let previousCall = attempts.previousCall, breakers.succeeded(target, since: previousCall) { attempts.refusals += 1 }
+            attempts.previousCall = calledAt
+            if attempts.refusals >= configuration.maximumAttempts, case .retry(let reason, _) = outcome {
+                outcome = .failed("gave up after \(attempts.refusals) attempts while the target served other events: \(reason)")
+            }
+        } else {
+            breakers.record(target, reachable: true)
+        }
+        observer.stepAnswered(kind: step.kind, result: outcome.result)
         // Built only for a message that is logged (a step is run for every event).
         func about() -> Logger.Metadata { [
             "warden.event_id": "\(event.eventID)", "warden.step": "\(step.index)", "warden.kind": "\(step.kind)",
             "warden.target": "\(target)",
         ] }
+        let finishing: (Bool) -> EventEnd? = { stepFailed in
+            isLast ? (failedSoFar || stepFailed ? .failed : event.outcomeIfDone) : nil
+        }
+        switch outcome {
+        case .done(let detail):
+            logger.info("step done", metadata: about().merging(["warden.detail": "\(detail)"]) { $1 })
+            return .record(StepRecord(eventID: event.eventID, index: step.index, failed: false, detail: detail,
+                                      finishing: finishing(false)), deadLetter: nil)
+        case .failed(let reason):
+            logger.critical("step failed permanently; dead-lettered", metadata: about().merging(["warden.reason": "\(reason)"]) { $1 })
+            return .record(StepRecord(eventID: event.eventID, index: step.index, failed: true, detail: reason,
+                                      finishing: finishing(true)), deadLetter: "\(step.kind) step \(step.index) failed: \(reason)")
+        case .retry(let reason, let after):
+            observer.retried("step")
+            logger.warning("step will be retried", metadata: about().merging([
+                "warden.reason": "\(reason)", "warden.attempt": "\(attempts.attempt)",
+            ]) { $1 })
+            // While the target is down its breaker paces the calls: a step's own backoff stays
+            // short, so the step runs again within seconds of the target's return.
+            let initial = persistence.timing.initialBackoff.timeInterval
+            return .retry(after: after.map { min(max($0, initial), 300) }
+                ?? (breakers.isOpen(target) ? initial : persistence.backoff(attempts.attempt)))
+        }
+    }
+
+    /// Dead-letters the event's message with `description`; false when the process stopped
+    /// first. One the sink refuses for good is kept in the ledger only (the step is recorded
+    /// failed).
+    private func send(_ description: String, for event: EventSteps) async -> Bool {
+        switch await persistence.attempting("dead-letter", {
+            try await deadLetters.deadLetter(value: event.message, code: "step-failed", description: description, source: event.source)
+        }) {
+        case .stopped: return false
+        case .done: observer.deadLettered()
+        case .refused: break
+        }
+        return true
+    }
+
+    private func run(_ step: JournalStep, _ planned: PlannedStep?, of event: EventSteps, isLast: Bool, failedSoFar: Bool,
+                     lease: inout Lease, attempts: Attempts, pause: Double?) async -> StepEnd {
+        guard let planned else {
+            // Cannot happen with this version's ledger; refuse to guess what to do.
+            let record = StepRecord(eventID: event.eventID, index: step.index, failed: true,
+                                    detail: "the step in the ledger cannot be read",
+                                    finishing: isLast ? .failed : nil)
+            return await outcomes.write(record) ? .recorded(failed: true) : .stopped
+        }
+        var context = event.context
+        context.eventType = planned.eventType
+        var attempts = attempts
+        let target = Self.target(of: planned, step)
         let stop = persistence.stop
+        if let pause {
+            // Taken up after an attempt made with other events' steps.
+            guard await stop.pause(pause) else { return .stopped }
+            attempts.attempt += 1
+        }
         while true {
             // The lease first, outside the action: waiting for another owner's lease must not
             // hold up a revocation.
@@ -354,8 +559,7 @@ public struct StepRunner: Sendable {
             // partition's revocation waits for it to end, and none starts once the door has
             // taken the message back (its next owner runs the step).
             guard event.permit.beginAction() else {
-                logger.notice("message taken back by its door; its steps are left to the next owner",
-                              metadata: ["warden.event_id": "\(event.eventID)", "warden.source": "\(event.source)"])
+                logTakenBack(event)
                 return .stopped
             }
             // The breaker last, right before the call: a half-open breaker's one trial is
@@ -371,54 +575,16 @@ public struct StepRunner: Sendable {
             let next: Attempt = await {
                 defer { event.permit.endAction() }
                 let calledAt = breakers.currentTime
-                var outcome = await executor.execute(planned.action, context: context)
-                if case .retry = outcome {
-                    breakers.record(target, reachable: false, calledAt: calledAt)
-                    // The target answered someone else since our last try, yet not us: this
-                    // event, not the target, is the problem.
-                    if let previousCall, breakers.succeeded(target, since: previousCall) { refusals += 1 }
-                    previousCall = calledAt
-                    if refusals >= configuration.maximumAttempts, case .retry(let reason, _) = outcome {
-                        outcome = .failed("gave up after \(refusals) attempts while the target served other events: \(reason)")
-                    }
-                } else {
-                    breakers.record(target, reachable: true)
-                }
-                observer.stepAnswered(kind: step.kind, result: outcome.result)
+                let outcome = await executor.execute(planned.action, context: context)
                 let answeredAt = ContinuousClock.now
-                switch outcome {
-                case .done(let detail):
-                    logger.info("step done", metadata: about().merging(["warden.detail": "\(detail)"]) { $1 })
-                    let record = StepRecord(eventID: event.eventID, index: step.index, failed: false, detail: detail,
-                                            finishing: finishing(false))
+                switch judge(outcome, step, of: event, target: target, calledAt: calledAt, isLast: isLast,
+                             failedSoFar: failedSoFar, attempts: &attempts) {
+                case .record(let record, let deadLetter):
+                    if let deadLetter { guard await send(deadLetter, for: event) else { return .stopped } }
                     guard await outcomes.write(record, answeredAt: answeredAt) else { return .stopped }
-                    return .recorded(failed: false)
-                case .failed(let reason):
-                    logger.critical("step failed permanently; dead-lettered", metadata: about().merging(["warden.reason": "\(reason)"]) { $1 })
-                    let description = "\(step.kind) step \(step.index) failed: \(reason)"
-                    let sent = await persistence.attempting("dead-letter") {
-                        try await deadLetters.deadLetter(value: event.message, code: "step-failed", description: description,
-                                                         source: event.source)
-                    }
-                    switch sent {
-                    case .stopped: return .stopped
-                    case .done: observer.deadLettered()
-                    case .refused: break  // kept in the ledger only: the step is recorded failed below
-                    }
-                    let record = StepRecord(eventID: event.eventID, index: step.index, failed: true, detail: reason,
-                                            finishing: finishing(true))
-                    guard await outcomes.write(record, answeredAt: answeredAt) else { return .stopped }
-                    return .recorded(failed: true)
-                case .retry(let reason, let after):
-                    observer.retried("step")
-                    logger.warning("step will be retried", metadata: about().merging([
-                        "warden.reason": "\(reason)", "warden.attempt": "\(attempt)",
-                    ]) { $1 })
-                    // While the target is down its breaker paces the calls: a step's own backoff
-                    // stays short, so the step runs again within seconds of the target's return.
-                    let initial = persistence.timing.initialBackoff.timeInterval
-                    return .retry(after: after.map { min(max($0, initial), 300) }
-                        ?? (breakers.isOpen(target) ? initial : persistence.backoff(attempt)))
+                    return .recorded(failed: record.failed)
+                case .retry(let after):
+                    return .retry(after: after)
                 }
             }()
             switch next {
@@ -429,7 +595,7 @@ public struct StepRunner: Sendable {
             case .retry(let wait):
                 // Waiting outside the action: a revocation does not wait for the pause.
                 guard await stop.pause(wait) else { return .stopped }
-                attempt += 1
+                attempts.attempt += 1
             }
         }
     }
@@ -555,6 +721,12 @@ final class OutcomeWriter: Sendable {
             case .write: turn = true
             }
         }
+    }
+
+    /// Records outcomes answered together, in one write (see `write(_:answeredAt:)`): for each,
+    /// whether it is durable.
+    func write(together records: [StepRecord], answeredAt: ContinuousClock.Instant) async -> [Bool] {
+        records.isEmpty ? [] : await write(records.map { Waiting(id: -1, record: $0, answeredAt: answeredAt) })
     }
 
     /// Writes `records` in one write; when the journal refuses it for good, one by one, so a

@@ -29,7 +29,7 @@ public struct EventPipeline: Sendable {
     public let maximumWritesInFlight: Int
 
     public init(processor: EventProcessor, maximumWaitingForKeys: Int = 10_000, maximumUnwritten: Int = 16_384,
-                maximumWrite: Int = 1024, maximumWriteWhileActing: Int = 64, maximumWritesInFlight: Int = 4) {
+                maximumWrite: Int = 1024, maximumWriteWhileActing: Int = 128, maximumWritesInFlight: Int = 4) {
         self.processor = processor
         self.maximumWaitingForKeys = maximumWaitingForKeys
         self.maximumUnwritten = maximumUnwritten
@@ -98,24 +98,39 @@ public struct EventPipeline: Sendable {
             // The step lanes: written events with steps, taken in the order their writes
             // started, so a subject's events enter its lane in arrival order whichever write
             // committed first.
+            @Sendable func settle(_ work: EventProcessor.Work, _ turn: SubjectLanes.Turn, _ disposition: Disposition) {
+                work.record.acknowledgement.settle(disposition)
+                turn.mine.open(passed: disposition != .abandoned)
+                lanes.leave(work.subjectKey, turn.mine)
+                acting.add(-1)
+            }
             group.addTask {
                 // Discarding: a long-running worker does not keep a result per finished event.
                 await withDiscardingTaskGroup { steps in
                     while let written = await writes.next() {
+                        // New events with nothing of their subject's before them run together:
+                        // one executor call for their steps, one ledger write for the outcomes.
+                        var together: [(work: EventProcessor.Work, turn: SubjectLanes.Turn)] = []
                         for work in written {
-                            let subjectKey = work.subjectKey
-                            let turn = lanes.enter(subjectKey)
+                            let turn = lanes.enter(work.subjectKey)
                             acting.add(1)
+                            if turn.previous == nil, work.canRunTogether {
+                                together.append((work, turn))
+                                continue
+                            }
                             steps.addTask {
-                                defer { acting.add(-1) }
                                 // A later event of this subject must not act before this
                                 // one: when the process stops, the subject's later ones stop too.
                                 let previousPassed = await turn.previous?.wait() ?? true
                                 let disposition: Disposition =
                                     !previousPassed && processor.stop.isStopping ? .abandoned : await processor.run(work)
-                                work.record.acknowledgement.settle(disposition)
-                                turn.mine.open(passed: disposition != .abandoned)
-                                lanes.leave(subjectKey, turn.mine)
+                                settle(work, turn, disposition)
+                            }
+                        }
+                        guard !together.isEmpty else { continue }
+                        steps.addTask { [together] in
+                            await processor.run(together: together.map(\.work)) { i, disposition in
+                                settle(together[i].work, together[i].turn, disposition)
                             }
                         }
                     }

@@ -339,6 +339,9 @@ public struct EventProcessor: Sendable {
 
         var message: IntakeMessage { record.message }
 
+        /// A new event (its steps known, none run yet): it can run with others' (`run(together:)`).
+        var canRunTogether: Bool { isNew && !steps.isEmpty }
+
         /// One subject's events act in order: keyed by the local user, else the provider's
         /// subject (scoped to its issuer).
         public var subjectKey: String {
@@ -349,11 +352,27 @@ public struct EventProcessor: Sendable {
     /// Runs one event's steps; its disposition once they are all done or failed for good, or
     /// `.abandoned` when the process stopped first (or the door took the message back).
     public func run(_ work: Work) async -> Disposition {
-        let event = EventSteps(
+        await disposition(of: work, await steps.run(eventSteps(work)))
+    }
+
+    /// Runs the steps of new events together (their first attempts in one executor call, their
+    /// outcomes in one ledger write; what is left of each then on its own); `finished` hears
+    /// each one's disposition as it ends.
+    public func run(together works: [Work], finished: @escaping @Sendable (Int, Disposition) async -> Void) async {
+        await steps.runTogether(works.map(eventSteps)) { i, end in
+            await finished(i, await disposition(of: works[i], end))
+        }
+    }
+
+    private func eventSteps(_ work: Work) -> EventSteps {
+        EventSteps(
             eventID: work.eventID, steps: work.isNew ? work.steps.map(JournalStep.init) : nil, planned: work.planned,
             context: work.context, outcomeIfDone: work.outcomeIfDone, leasedUntil: work.leasedUntil, message: work.message.value,
             source: work.message.source, permit: work.record.acknowledgement)
-        guard let end = await steps.run(event) else {
+    }
+
+    private func disposition(of work: Work, _ end: EventEnd?) async -> Disposition {
+        guard let end else {
             // Left for the next delivery: the lease, if this process holds it, is given up at
             // once, so the next owner does not wait for it to run out.
             await steps.release(event: work.eventID)

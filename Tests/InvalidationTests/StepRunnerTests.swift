@@ -101,13 +101,21 @@ struct StepRunnerTests {
         func outcomeDurable(after wait: Duration) { waits.withLock { $0.append(wait) } }
     }
 
-    static func writer(_ journal: GatedJournal, observer: any StepObserver = Counting()) -> OutcomeWriter {
+    static var logger: Logger {
         var logger = Logger(label: "step-runner-test")
         logger.logLevel = .critical
-        let persistence = Persistence(timing: .init(initialBackoff: .milliseconds(10), maximumBackoff: .milliseconds(20)),
-                                      stop: StopSignal(), observer: observer, logger: logger,
-                                      isRetryable: { ($0 as? JournalError)?.isRetryable ?? true })
-        return OutcomeWriter(journal: journal, persistence: persistence)
+        return logger
+    }
+
+    /// Short backoffs, and a stop signal of its own.
+    static func persistence(observer: any StepObserver = Counting()) -> Persistence {
+        Persistence(timing: .init(initialBackoff: .milliseconds(10), maximumBackoff: .milliseconds(20)),
+                    stop: StopSignal(), observer: observer, logger: logger,
+                    isRetryable: { ($0 as? JournalError)?.isRetryable ?? true })
+    }
+
+    static func writer(_ journal: GatedJournal, observer: any StepObserver = Counting()) -> OutcomeWriter {
+        OutcomeWriter(journal: journal, persistence: persistence(observer: observer))
     }
 
     static func record(_ event: Int64, detail: String = "done", index: Int = 0) -> StepRecord {
@@ -256,18 +264,92 @@ struct StepRunnerTests {
                           leasedUntil: Date().timeIntervalSince1970 + 3600, message: [], source: "test:\(id)", permit: permit)
     }
 
+    /// Answers by script per set name (then `done`), and keeps the size of each call.
+    final class ByEvent: StepExecutor {
+        let script: Mutex<[String: [StepOutcome]]>
+        /// Calls of `execute(_ calls:)`, by size; calls of one step alone count as 1 each in `alone`.
+        let batches = Mutex<[Int]>([])
+        let alone = Mutex(0)
+        init(_ script: [String: [StepOutcome]]) { self.script = Mutex(script) }
+
+        func answer(_ action: StepAction) -> StepOutcome {
+            guard case .purgeSet(_, let set) = action else { return .done("not a purge") }
+            return script.withLock { $0[set]?.isEmpty == false ? $0[set]!.removeFirst() : .done("purged \(set)") }
+        }
+        func execute(_ action: StepAction, context: StepContext) async -> StepOutcome {
+            alone.withLock { $0 += 1 }
+            return answer(action)
+        }
+        func execute(_ calls: [StepCall]) async -> [StepOutcome] {
+            batches.withLock { $0.append(calls.count) }
+            return calls.map { answer($0.action) }
+        }
+        /// Purge-set steps run together; a flag is set alone.
+        func runsTogether(_ action: StepAction) -> Bool {
+            if case .purgeSet = action { return true }
+            return false
+        }
+    }
+
+    final class CountedDeadLetters: DeadLetterSink {
+        let sources = Mutex<[String]>([])
+        func deadLetter(value: [UInt8], code: String, description: String, source: String) async throws(DeadLetterError) {
+            sources.withLock { $0.append(source) }
+        }
+    }
+
+    static func event(_ id: Int64, permit: any ActionPermit, steps: Int, target: String = "sessions", flagFirst: Bool = false) -> EventSteps {
+        var actions: [StepAction] = [.purgeSet(target: target, set: "s:\(id)"), .setFlag(target: target, key: "f:\(id)", value: "1", ttl: nil)]
+        if flagFirst { actions.reverse() }
+        let planned = (0..<steps).map { PlannedStep(index: $0, eventType: EventType.sessionsRevoked.uri, action: actions[$0]) }
+        return EventSteps(eventID: id, steps: planned.map { JournalStep(index: $0.index, kind: $0.action.kind, action: $0.encoded) },
+                          planned: planned, context: StepContext(token: token("sessions-revoked"), user: "u\(id)"),
+                          outcomeIfDone: .processed, leasedUntil: Date().timeIntervalSince1970 + 3600, message: [],
+                          source: "test:\(id)", permit: permit)
+    }
+
+    // Events run together: the first attempts at their first steps are one executor call per
+    // target, and the outcomes answered go in one journal write. What is left — a retry, a
+    // second step, a step the executor does not run together — runs on its own; a step failed
+    // for good is dead-lettered; a message taken back runs nothing. Each event is finished once.
+    @Test func eventsRunTogetherShareOneCallAndOneWrite() async throws {
+        let persistence = Self.persistence()
+        let executor = ByEvent(["s:3": [.retry("busy", after: nil)], "s:4": [.failed("refused")]])
+        let journal = GatedJournal(groupsConcurrentWrites: true)
+        let deadLetters = CountedDeadLetters()
+        let runner = StepRunner(executor: executor, journal: journal, deadLetters: deadLetters, persistence: persistence, logger: Self.logger)
+        var events = (1...6).map { Self.event(Int64($0), permit: Permit(100), steps: 1) }
+        events.append(Self.event(7, permit: Permit(100), steps: 2))
+        events.append(Self.event(8, permit: Permit(0), steps: 1))
+        events.append(Self.event(9, permit: Permit(100), steps: 1, flagFirst: true))
+        events.append(Self.event(10, permit: Permit(100), steps: 1, target: "other"))
+        let ends = Mutex<[Int64: [EventEnd?]]>([:])
+        let ids = events.map(\.eventID)
+        await runner.runTogether(events) { i, end in
+            ends.withLock { $0[ids[i], default: []].append(end) }
+        }
+        #expect(ends.withLock { $0 } == [1: [.processed], 2: [.processed], 3: [.processed], 4: [.failed], 5: [.processed],
+                                         6: [.processed], 7: [.processed], 8: [nil], 9: [.processed], 10: [.processed]])
+        // One call for the seven first steps on "sessions" (the message taken back made none),
+        // one for "other"; then event 3's retry, event 7's second step and event 9's flag, each alone.
+        #expect(executor.batches.withLock { $0 }.sorted() == [1, 7])
+        #expect(executor.alone.withLock { $0 } == 3)
+        let writes = journal.writes
+        #expect(writes.contains { Set($0.map(\.eventID)) == [1, 2, 4, 5, 6, 7] })
+        #expect(writes.count == 5)
+        #expect(writes.joined().first(where: { $0.eventID == 4 })?.failed == true)
+        #expect(writes.joined().first(where: { $0.eventID == 7 && $0.index == 0 })?.finishing == nil)
+        #expect(deadLetters.sources.withLock { $0 } == ["test:4"])
+    }
+
     // A message taken back while its target's breaker is about to let one trial call through
     // takes no trial with it: the next event's call is that trial, and the breaker closes.
     @Test func aMessageTakenBackDoesNotKeepTheBreakersTrial() async throws {
-        var logger = Logger(label: "step-runner-test")
-        logger.logLevel = .critical
-        let persistence = Persistence(timing: .init(initialBackoff: .milliseconds(10), maximumBackoff: .milliseconds(20)),
-                                      stop: StopSignal(), observer: Counting(), logger: logger,
-                                      isRetryable: { ($0 as? JournalError)?.isRetryable ?? true })
+        let persistence = Self.persistence()
         let executor = Scripted([.retry("down", after: nil)])
         let runner = StepRunner(
             configuration: .init(breakers: .init(threshold: 1, cooldown: .milliseconds(50), maximumCooldown: .milliseconds(50))),
-            executor: executor, journal: GatedJournal(), deadLetters: NoDeadLetters(), persistence: persistence, logger: logger)
+            executor: executor, journal: GatedJournal(), deadLetters: NoDeadLetters(), persistence: persistence, logger: Self.logger)
         // The first event's call fails and opens the breaker; its message is then taken back.
         #expect(await runner.run(Self.event(1, permit: Permit(1))) == nil)
         #expect(executor.calls.withLock { $0 } == 1)

@@ -177,6 +177,8 @@ struct CoreTests {
         door.feed((0..<40).map { Self.token(Self.issuerA, "u\($0)", jti: "u-\($0)", key: Self.keyA) })
         #expect(await eventually { door.settled.all.compactMap { $0 }.count == 40 })
         #expect(world.ledger.state.withLock { $0.intakeWrites } == [40])
+        // The events of one write run together: their first steps in one call.
+        #expect(world.executor.batches.withLock { $0 } == [40])
 
         world.executor.hold("held")
         door.feed([Self.token(Self.issuerA, "held", jti: "held", key: Self.keyA)])

@@ -196,6 +196,20 @@ final class ScriptedExecutor: StepExecutor {
 
     func calls(for user: String) -> Int { calls.withLock { $0.filter { $0 == user }.count } }
 
+    /// The size of each call for several events' steps at once.
+    let batches = Mutex<[Int]>([])
+
+    func execute(_ calls: [StepCall]) async -> [StepOutcome] {
+        batches.withLock { $0.append(calls.count) }
+        return await executeEach(calls)
+    }
+
+    /// Purge-set steps (the first step of each event) run together.
+    func runsTogether(_ action: StepAction) -> Bool {
+        if case .purgeSet = action { return true }
+        return false
+    }
+
     func execute(_ action: StepAction, context: StepContext) async -> StepOutcome {
         let user = context.user ?? "?"
         calls.withLock { $0.append(user) }
