@@ -383,21 +383,24 @@ public struct EventProcessor: Sendable {
         return .recorded(eventID: work.eventID, outcome: EventOutcome(end))
     }
 
-    /// Verifies every message, the batch split across `parallelism` tasks.
+    /// Verifies every message, the batch split across `parallelism` tasks, on the threads of
+    /// `VerificationExecutor` (beneath the ledger's writer and the steps in priority).
     private func verifyAll(_ batch: [IntakeMessage]) async -> [Result<Verified, VerificationError>] {
         let workers = min(configuration.parallelism, max(1, batch.count / 8))
         if workers <= 1 {
-            var results: [Result<Verified, VerificationError>] = []
-            results.reserveCapacity(batch.count)
-            for message in batch { results.append(await verify(message)) }
-            return results
+            return await withTaskExecutorPreference(VerificationExecutor.shared) {
+                var results: [Result<Verified, VerificationError>] = []
+                results.reserveCapacity(batch.count)
+                for message in batch { results.append(await verify(message)) }
+                return results
+            }
         }
         // Each task takes the next unverified message, so a task slowed by another thread on
         // its core does not leave the others idle at the end of the batch.
         let next = SharedCount()
         return await withTaskGroup(of: [(Int, Result<Verified, VerificationError>)].self) { group in
             for _ in 0..<workers {
-                group.addTask {
+                group.addTask(executorPreference: VerificationExecutor.shared) {
                     var part: [(Int, Result<Verified, VerificationError>)] = []
                     while case let i = next.take(), i < batch.count {
                         part.append((i, await verify(batch[i])))

@@ -169,6 +169,28 @@ struct CoreTests {
 
     // While events' steps run, the intake's ledger writes are short, so a step's outcome
     // (written between two of them) waits for little; with no step running they may be long.
+    // Signatures are checked on threads of their own, beneath the ledger's writer and the
+    // steps in priority: a key fetched for the first token of a batch is fetched from there.
+    @Test func signaturesAreCheckedOnTheVerificationThreadsAtALowerPriority() async throws {
+        let world = World()
+        world.fetcherB.document.withLock { $0 = SETMinter.jwks([Self.keyB1]) }
+        let door = HandDoor()
+        let running = Task { await world.pipeline.run(door.stream) }
+        door.feed((0..<32).map { Self.token(Self.issuerB, "u\($0)", jti: "b-\($0)", key: Self.keyB1) })
+        #expect(await eventually { door.settled.all.compactMap { $0 }.count == 32 })
+        door.continuation.finish()
+        await running.value
+        let threads = world.fetcherB.threads.withLock { $0 }
+        #expect(!threads.isEmpty && threads.allSatisfy { $0.hasPrefix("warden-verify-") }, "\(threads)")
+        let which = __priority_which_t(PRIO_PROCESS.rawValue)
+        let (name, niceness) = await withTaskExecutorPreference(VerificationExecutor.shared) {
+            (currentThreadName(), getpriority(which, 0))
+        }
+        #expect(name.hasPrefix("warden-verify-"))
+        // Lower than the process's own, unless the process is at the bottom already.
+        #expect(niceness == min(19, getpriority(which, 0) + VerificationExecutor.niceness))
+    }
+
     @Test func whileStepsRunTheIntakesWritesAreShort() async throws {
         let world = World()
         let pipeline = EventPipeline(processor: world.processor, maximumWrite: 1024, maximumWriteWhileActing: 8)

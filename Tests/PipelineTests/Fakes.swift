@@ -235,7 +235,11 @@ final class SwitchableKeyFetcher: KeyDocumentFetching {
     let document = Mutex<String>("")
     let failing = Mutex(false)
 
+    /// The name of the thread of each fetch.
+    let threads = Mutex<[String]>([])
+
     func fetch(_ url: URL, timeout: Double, maximumBytes: Int) async throws -> FetchedDocument {
+        threads.withLock { $0.append(currentThreadName()) }
         if failing.withLock({ $0 }) { throw KeyFetchError("the test provider is down") }
         return FetchedDocument(body: Array(document.withLock { $0 }.utf8), maxAge: 60)
     }
@@ -243,3 +247,8 @@ final class SwitchableKeyFetcher: KeyDocumentFetching {
 
 /// Waits until `condition` holds (checking every few milliseconds); false if it did not within
 /// `attempts` checks. Used to observe a state, never to measure time.
+
+/// The calling thread's name, as the kernel keeps it (`Thread.current` is not for async code).
+func currentThreadName() -> String {
+    ((try? String(contentsOfFile: "/proc/thread-self/comm", encoding: .utf8)) ?? "").trimmingCharacters(in: .newlines)
+}
