@@ -68,15 +68,21 @@ extension StepExecutor {
 
     /// Each call on its own, all at once.
     public func executeEach(_ calls: [StepCall]) async -> [StepOutcome] {
-        if calls.count == 1 { return [await execute(calls[0].action, context: calls[0].context)] }
-        return await withTaskGroup(of: (Int, StepOutcome).self) { group in
-            for (i, call) in calls.enumerated() {
-                group.addTask { (i, await execute(call.action, context: call.context)) }
-            }
-            var outcomes = [StepOutcome?](repeating: nil, count: calls.count)
-            for await (i, outcome) in group { outcomes[i] = outcome }
-            return outcomes.map { $0! }
-        }
+        await concurrently(calls) { await execute($0.action, context: $0.context) }
+    }
+}
+
+/// `body` applied to every item at once, a task each (none for a single item); the results in
+/// the items' order.
+func concurrently<Item: Sendable, Result: Sendable>(_ items: [Item], _ body: @escaping @Sendable (Item) async -> Result) async
+    -> [Result]
+{
+    if items.count == 1 { return [await body(items[0])] }
+    return await withTaskGroup(of: (Int, Result).self) { group in
+        for (i, item) in items.enumerated() { group.addTask { (i, await body(item)) } }
+        var results = [Result?](repeating: nil, count: items.count)
+        for await (i, result) in group { results[i] = result }
+        return results.map { $0! }
     }
 }
 
@@ -114,15 +120,10 @@ public struct TargetExecutor: StepExecutor {
         }
     }
 
-    /// The Redis steps together (one pipeline per target where they allow it), the others each
-    /// on its own, all at once.
+    /// Redis steps go to the Redis executor together (the step runner gathers one target's
+    /// steps); any other mix runs each call on its own.
     public func execute(_ calls: [StepCall]) async -> [StepOutcome] {
-        let isRedis = calls.map { Self.isRedis($0.action) }
-        let redisCalls = zip(calls, isRedis).filter(\.1).map(\.0), otherCalls = zip(calls, isRedis).filter { !$0.1 }.map(\.0)
-        async let redisOutcomes = redisCalls.isEmpty ? [] : redis.execute(redisCalls)
-        let otherOutcomes = otherCalls.isEmpty ? [] : await executeEach(otherCalls)
-        var fromRedis = await redisOutcomes.makeIterator(), fromOthers = otherOutcomes.makeIterator()
-        return isRedis.map { $0 ? fromRedis.next()! : fromOthers.next()! }
+        calls.allSatisfy({ Self.isRedis($0.action) }) ? await redis.execute(calls) : await executeEach(calls)
     }
 
     public func runsTogether(_ action: StepAction) -> Bool { Self.isRedis(action) && redis.runsTogether(action) }

@@ -54,33 +54,20 @@ public struct RedisStepExecutor: StepExecutor {
         return false
     }
 
-    /// Purge-set steps share one round trip per target; the other steps run each on its own,
-    /// all at once.
+    /// Purge-set steps on one target (as the step runner gathers them) share one round trip;
+    /// any other mix runs each call on its own.
     public func execute(_ calls: [StepCall]) async -> [StepOutcome] {
-        var purges: [String: [(index: Int, set: String)]] = [:]
-        var others: [Int] = []
-        for (i, call) in calls.enumerated() {
-            if case .purgeSet(let target, let set) = call.action, clients[target] != nil, !refusingScripts.contains(target) {
-                purges[target, default: []].append((i, set))
-            } else {
-                others.append(i)
-            }
+        var target: String? = nil
+        var sets: [String] = []
+        for call in calls {
+            guard case .purgeSet(let named, let set) = call.action, target == nil || named == target else { break }
+            target = named
+            sets.append(set)
         }
-        if purges.isEmpty { return await executeEach(calls) }
-        var outcomes = [StepOutcome?](repeating: nil, count: calls.count)
-        await withTaskGroup(of: [(Int, StepOutcome)].self) { group in
-            for (target, sets) in purges {
-                group.addTask {
-                    let answered = await purgeSets(clients[target]!, target: target, sets.map(\.set))
-                    return Array(zip(sets.map(\.index), answered))
-                }
-            }
-            if !others.isEmpty {
-                group.addTask { [others] in Array(zip(others, await executeEach(others.map { calls[$0] }))) }
-            }
-            for await part in group { for (i, outcome) in part { outcomes[i] = outcome } }
+        guard sets.count == calls.count, let target, let client = clients[target], !refusingScripts.contains(target) else {
+            return await executeEach(calls)
         }
-        return outcomes.map { $0! }
+        return await purgeSets(client, target: target, sets)
     }
 
     // MARK: - Steps
@@ -105,14 +92,19 @@ public struct RedisStepExecutor: StepExecutor {
             try await purgePage(client, set, &page)
         } while page.cursor != "0"
         // SSCAN may return a member twice; SREM of the ones already removed is harmless.
-        return .done("\(page.members) listed, \(page.deleted) keys deleted from \(set)")
+        return page.done(set)
     }
 
     struct PurgeProgress {
         var cursor = "0"
         var members = 0
         var deleted: Int64 = 0
+
+        func done(_ set: String) -> StepOutcome { .done("\(members) listed, \(deleted) keys deleted from \(set)") }
     }
+
+    /// The purge-set script's arguments for one page of `set`, from `cursor`.
+    func scriptArguments(_ set: String, from cursor: String) -> [String] { ["1", set, cursor, String(chunk)] }
 
     /// One page of a purge-set on the server: the members SSCAN lists from `ARGV[1]` (at most
     /// about `ARGV[2]`), their keys unlinked, then the members removed from the set. Returns
@@ -137,7 +129,7 @@ public struct RedisStepExecutor: StepExecutor {
     func purgePageByScript(_ client: RedisClient, target: String, _ set: String, _ page: inout PurgeProgress)
         async throws(StepFailure) -> Bool
     {
-        let arguments = ["1", set, page.cursor, String(chunk)]
+        let arguments = scriptArguments(set, from: page.cursor)
         var reply = try await send(client, [["EVALSHA", Self.purgePageDigest] + arguments])[0]
         if Self.isUncachedScript(reply) {
             // Not in the server's script cache yet (or flushed): sent whole once, cached after.
@@ -174,7 +166,7 @@ public struct RedisStepExecutor: StepExecutor {
     func purgeSets(_ client: RedisClient, target: String, _ sets: [String]) async -> [StepOutcome] {
         let replies: [RedisReply]
         do throws(StepFailure) {
-            replies = try await send(client, sets.map { ["EVALSHA", Self.purgePageDigest, "1", $0, "0", String(chunk)] })
+            replies = try await send(client, sets.map { ["EVALSHA", Self.purgePageDigest] + scriptArguments($0, from: "0") })
         } catch {
             return Array(repeating: error.outcome, count: sets.count)
         }
@@ -189,26 +181,21 @@ public struct RedisStepExecutor: StepExecutor {
                 } else if page.cursor != "0" {
                     alone[i] = page
                 } else {
-                    outcomes[i] = .done("\(page.members) listed, \(page.deleted) keys deleted from \(sets[i])")
+                    outcomes[i] = page.done(sets[i])
                 }
             } catch {
                 outcomes[i] = error.outcome
             }
         }
-        if !alone.isEmpty {
-            await withTaskGroup(of: (Int, StepOutcome).self) { group in
-                for (i, page) in alone {
-                    group.addTask {
-                        do throws(StepFailure) {
-                            return (i, try await purgeSet(client, target: target, sets[i], continuing: page))
-                        } catch {
-                            return (i, error.outcome)
-                        }
-                    }
-                }
-                for await (i, outcome) in group { outcomes[i] = outcome }
+        let pending = Array(alone)
+        let rest = await concurrently(pending) { i, page in
+            do throws(StepFailure) {
+                return try await purgeSet(client, target: target, sets[i], continuing: page)
+            } catch {
+                return error.outcome
             }
         }
+        for ((i, _), outcome) in zip(pending, rest) { outcomes[i] = outcome }
         return outcomes.map { $0! }
     }
 

@@ -167,6 +167,15 @@ public struct EventSteps: Sendable {
     }
 }
 
+extension EventSteps {
+    /// What a step of this event is told about it.
+    func context(for planned: PlannedStep) -> StepContext {
+        var context = self.context
+        context.eventType = planned.eventType
+        return context
+    }
+}
+
 extension PlannedStep {
     /// The step as the journal keeps it: JSON text, in the form `Codable` gives it (which
     /// `init(encoded:)` reads), written directly: it is written for every step of every event.
@@ -317,14 +326,16 @@ public struct StepRunner: Sendable {
     /// `run` would return.
     public func runTogether(_ events: [EventSteps], finished: @escaping @Sendable (Int, EventEnd?) async -> Void) async {
         await withTaskGroup(of: Void.self) { group in
+            func alone(_ i: Int, _ event: EventSteps) { group.addTask { await finished(i, await run(event)) } }
             var byTarget: [String: [Call]] = [:]
             var targets: [String] = []
             let now = Date().timeIntervalSince1970
             for (i, event) in events.enumerated() {
                 guard let steps = event.steps, let step = steps.first, step.status == .pending,
                       let planned = event.planned.first(where: { $0.index == step.index }),
-                      executor.runsTogether(planned.action), now <= event.leasedUntil - leaseSeconds / 3 else {
-                    group.addTask { await finished(i, await run(event)) }
+                      executor.runsTogether(planned.action),
+                      Lease(runner: self, eventID: event.eventID, until: event.leasedUntil).isFresh(at: now) else {
+                    alone(i, event)
                     continue
                 }
                 guard event.permit.beginAction() else {
@@ -335,14 +346,12 @@ public struct StepRunner: Sendable {
                 let target = Self.target(of: planned, step)
                 guard breakers.allow(target) else {
                     event.permit.endAction()
-                    group.addTask { await finished(i, await run(event)) }
+                    alone(i, event)
                     continue
                 }
-                var context = event.context
-                context.eventType = planned.eventType
                 if byTarget[target] == nil { targets.append(target) }
                 byTarget[target, default: []].append(Call(i: i, step: step, target: target, isLast: steps.count == 1,
-                                                          call: StepCall(action: planned.action, context: context)))
+                                                          call: StepCall(action: planned.action, context: event.context(for: planned))))
             }
             for target in targets {
                 let calls = byTarget[target]!
@@ -400,7 +409,7 @@ public struct StepRunner: Sendable {
                     await finished(call.i, nil)
                     continue
                 }
-                if call.isLast, let outcome = record.finishing {
+                if let outcome = record.finishing {
                     logFinished(event, outcome)
                     await finished(call.i, outcome)
                 } else {
@@ -528,8 +537,7 @@ public struct StepRunner: Sendable {
                                     finishing: isLast ? .failed : nil)
             return await outcomes.write(record) ? .recorded(failed: true) : .stopped
         }
-        var context = event.context
-        context.eventType = planned.eventType
+        let context = event.context(for: planned)
         var attempts = attempts
         let target = Self.target(of: planned, step)
         let stop = persistence.stop
@@ -609,12 +617,15 @@ public struct StepRunner: Sendable {
         let eventID: Int64
         var until: Double
 
+        /// Held, with more than a third of it left: no renewal is due.
+        func isFresh(at now: Double) -> Bool { now <= until - runner.leaseSeconds / 3 }
+
         mutating func hold() async -> Held {
             let seconds = runner.leaseSeconds, journal = runner.journal, owner = runner.configuration.owner, eventID = self.eventID
             var waited = false
             while true {
                 let now = Date().timeIntervalSince1970
-                guard now > until - seconds / 3 else { return .held(waited: waited) }
+                guard !isFresh(at: now) else { return .held(waited: waited) }
                 guard let granted = await runner.persistence.retrying("ledger", {
                     try await journal.lease(event: eventID, owner: owner, seconds: seconds)
                 }) else { return .stopped }

@@ -108,13 +108,14 @@ public struct EventPipeline: Sendable {
                 // Discarding: a long-running worker does not keep a result per finished event.
                 await withDiscardingTaskGroup { steps in
                     while let written = await writes.next() {
-                        // New events with nothing of their subject's before them run together:
-                        // one executor call for their steps, one ledger write for the outcomes.
+                        // New events (their steps known, none run yet) with nothing of their
+                        // subject's before them run together: one executor call per target for
+                        // their steps, one ledger write for the outcomes.
                         var together: [(work: EventProcessor.Work, turn: SubjectLanes.Turn)] = []
                         for work in written {
                             let turn = lanes.enter(work.subjectKey)
                             acting.add(1)
-                            if turn.previous == nil, work.canRunTogether {
+                            if turn.previous == nil, work.isNew {
                                 together.append((work, turn))
                                 continue
                             }

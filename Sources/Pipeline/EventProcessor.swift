@@ -339,9 +339,6 @@ public struct EventProcessor: Sendable {
 
         var message: IntakeMessage { record.message }
 
-        /// A new event (its steps known, none run yet): it can run with others' (`run(together:)`).
-        var canRunTogether: Bool { isNew && !steps.isEmpty }
-
         /// One subject's events act in order: keyed by the local user, else the provider's
         /// subject (scoped to its issuer).
         public var subjectKey: String {
