@@ -411,6 +411,17 @@ public struct SQLiteLedgerReader: Sendable {
         }
     }
 
+    /// How many events have no step pending: the newest event's id less the events with a
+    /// pending step, in one snapshot. Read through the partial index of pending steps, never
+    /// scanning the events: a benchmark polls it while the worker writes.
+    public func eventsWithoutPendingSteps() throws(LedgerError) -> Int64 {
+        try Self.read(database) { db in
+            let latest = try Int64.fetchOne(db, sql: "SELECT max(id) FROM events") ?? 0
+            let pending = try Int64.fetchOne(db, sql: "SELECT count(DISTINCT event_id) FROM steps WHERE status = 'pending'") ?? 0
+            return latest - pending
+        }
+    }
+
     /// The id of the newest event: how many events were ever recorded (ids are never reused),
     /// read without scanning the table.
     public func latestEventID() throws(LedgerError) -> Int64 {

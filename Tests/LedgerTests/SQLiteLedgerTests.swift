@@ -358,6 +358,30 @@ struct LedgerOutboxTests {
         #expect(try reopened.events().first?.outcome == "processed")
         await reopened.close()
     }
+
+    /// The benchmark's scan-free count: every event but those with a step still pending (one
+    /// with two pending steps counted once; a failed step is finished).
+    @Test func eventsWithoutPendingStepsAreCountedFromTheNewestIDAndThePendingSteps() async throws {
+        let path = SQLiteLedgerTests.temporaryPath()
+        let ledger = try SQLiteLedger(path: path)
+        let reader = try SQLiteLedgerReader(path: path)
+        let two = [OutboxStep(index: 0, kind: "purge-set", action: "{}"), OutboxStep(index: 1, kind: "notify", action: "{}")]
+        var ids: [Int64] = []
+        for jti in ["a", "b", "c", "d"] {
+            guard case .new(let id) = try await ledger.claim(SQLiteLedgerTests.event(jti: jti), outcome: jti == "d" ? .processed : .pending,
+                                                             steps: jti == "d" ? [] : two)
+            else { Issue.record("not new"); return }
+            ids.append(id)
+        }
+        #expect(try reader.eventsWithoutPendingSteps() == 1)
+        try await ledger.recordStep(0, of: ids[0], status: .done, detail: "")
+        #expect(try reader.eventsWithoutPendingSteps() == 1)
+        try await ledger.recordStep(1, of: ids[0], status: .done, detail: "")
+        try await ledger.recordStep(0, of: ids[1], status: .failed, detail: "refused")
+        try await ledger.recordStep(1, of: ids[1], status: .failed, detail: "refused")
+        #expect(try reader.eventsWithoutPendingSteps() == 3)
+        await ledger.close()
+    }
 }
 
 @Suite("Ledger JSON text")
