@@ -104,11 +104,18 @@ public struct EventProcessor: Sendable {
         }
     }
 
-    /// A record with its verdict and ledger entry: what admission hands to the ledger writer.
-    public struct Admitted: Sendable {
+    /// A record with its verdict and ledger entry: what admission hands to the ledger writer
+    /// (a reference, for the reason `IntakeRecord` is one: an entry holds a dozen strings).
+    public final class Admitted: Sendable {
         public let record: IntakeRecord
-        var verdict: Verdict
-        var entry: LedgerEntry
+        let verdict: Verdict
+        let entry: LedgerEntry
+
+        init(record: IntakeRecord, verdict: Verdict, entry: LedgerEntry) {
+            self.record = record
+            self.verdict = verdict
+            self.entry = entry
+        }
     }
 
     /// Verifies every record of the batch, on every core.
@@ -250,17 +257,16 @@ public struct EventProcessor: Sendable {
                 if event.plan.isUnresolved {
                     logger.notice("subject resolved to no local user; steps that need one were not planned", metadata: metadata(event.token, message, eventID: id))
                 }
-                guard case .event(_, _, let steps) = admitted.entry else { preconditionFailure("entries follow verdicts") }
+                guard case .event(let claimed, _, let steps) = admitted.entry else { preconditionFailure("entries follow verdicts") }
                 let outcome: EventEnd = event.plan.isUnresolved ? .unresolved : .processed
                 if steps.isEmpty {
                     outcomes.add(outcome.rawValue)
                     logger.info("event recorded", metadata: metadata(event.token, message, eventID: id))
                     acknowledgement.settle(.recorded(eventID: id, outcome: EventOutcome(outcome)))
                 } else {
-                    var new = Work(record: admitted.record, eventID: id, isNew: true, steps: steps, planned: event.plan.steps,
-                                   outcomeIfDone: outcome, context: StepContext(token: event.token, user: event.user))
-                    if case .event(let claimed, _, _) = admitted.entry { new.leasedUntil = claimed.leaseUntil ?? 0 }
-                    work.append(new)
+                    work.append(Work(record: admitted.record, eventID: id, isNew: true, steps: steps, planned: event.plan.steps,
+                                     outcomeIfDone: outcome, context: StepContext(token: event.token, user: event.user),
+                                     leasedUntil: claimed.leaseUntil ?? 0))
                 }
             case (.valid(let event), .duplicate(let id)?):
                 outcomes.add("duplicate")
@@ -312,8 +318,8 @@ public struct EventProcessor: Sendable {
                 case .refused: break  // kept in the ledger only
                 }
                 metrics.verifyFailure(code)
-                batch[i].entry = .rejection(rejection)
-                batch[i].verdict = .invalid(code: code, description: description)
+                batch[i] = Admitted(record: batch[i].record, verdict: .invalid(code: code, description: description),
+                                    entry: .rejection(rejection))
                 if case .stopped = await attempting("ledger", { try await ledger.record([.rejection(rejection)]) }) {
                     return claims
                 }
@@ -323,19 +329,31 @@ public struct EventProcessor: Sendable {
         return claims
     }
 
-    /// An event whose steps are to run, with the record it came in.
-    public struct Work: Sendable {
+    /// An event whose steps are to run, with the record it came in (a reference, as `Admitted` is).
+    public final class Work: Sendable {
         public let record: IntakeRecord
-        var eventID: Int64
-        var isNew: Bool
+        let eventID: Int64
+        let isNew: Bool
         /// The steps to run; for a redelivery, read from the outbox when its turn comes.
-        var steps: [OutboxStep]
+        let steps: [OutboxStep]
         /// The steps as planned, for a new event (a resumed one reads them from its outbox).
-        var planned: [PlannedStep] = []
-        var outcomeIfDone: EventEnd
-        var context: StepContext
+        let planned: [PlannedStep]
+        let outcomeIfDone: EventEnd
+        let context: StepContext
         /// Until when this process holds the event's lease (taken with its claim); 0 if not.
-        var leasedUntil = 0.0
+        let leasedUntil: Double
+
+        init(record: IntakeRecord, eventID: Int64, isNew: Bool, steps: [OutboxStep], planned: [PlannedStep] = [],
+             outcomeIfDone: EventEnd, context: StepContext, leasedUntil: Double = 0) {
+            self.record = record
+            self.eventID = eventID
+            self.isNew = isNew
+            self.steps = steps
+            self.planned = planned
+            self.outcomeIfDone = outcomeIfDone
+            self.context = context
+            self.leasedUntil = leasedUntil
+        }
 
         var message: IntakeMessage { record.message }
 

@@ -47,8 +47,12 @@ extension Acknowledgement {
 }
 
 /// One message travelling through the pipeline's stages, with its own acknowledgement.
-public struct IntakeRecord: Sendable {
-    public var message: IntakeMessage
+///
+/// A reference: each stage hands records on in arrays of its own, and a copy of a reference is
+/// one retain where a copy of the message and acknowledgement was several (the retains of
+/// objects last written on another core are what the stages' profile showed most of).
+public final class IntakeRecord: Sendable {
+    public let message: IntakeMessage
     public let acknowledgement: any Acknowledgement
 
     public init(_ message: IntakeMessage, acknowledgement: any Acknowledgement) {
