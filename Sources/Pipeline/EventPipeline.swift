@@ -171,6 +171,11 @@ public struct EventPipeline: Sendable {
                     ready.append(checked)
                     return
                 }
+                // A door whose sender can try again later (push) does not wait aside.
+                guard checked.record.acknowledgement.waitsForKeys else {
+                    checked.record.acknowledgement.settle(.abandoned)
+                    return
+                }
                 if waiting.put(checked, lane: lane) { return }
                 // The waiting room is full: admission waits for it to drain.
                 await pass(ready)

@@ -264,6 +264,7 @@ public struct EventProcessor: Sendable {
                     logger.info("event recorded", metadata: metadata(event.token, message, eventID: id))
                     acknowledgement.settle(.recorded(eventID: id, outcome: EventOutcome(outcome)))
                 } else {
+                    acknowledgement.durable(.recorded(eventID: id, outcome: .pending))
                     work.append(Work(record: admitted.record, eventID: id, isNew: true, steps: steps, planned: event.plan.steps,
                                      outcomeIfDone: outcome, context: StepContext(token: event.token, user: event.user),
                                      leasedUntil: claimed.leaseUntil ?? 0))
@@ -271,6 +272,7 @@ public struct EventProcessor: Sendable {
             case (.valid(let event), .duplicate(let id)?):
                 outcomes.add("duplicate")
                 logger.info("duplicate event", metadata: metadata(event.token, message, eventID: id))
+                acknowledgement.durable(.duplicate(eventID: id))
                 // A crash may have left this event's steps part-done: what is still pending runs
                 // when its turn in the subject's lane comes (read from the outbox then).
                 work.append(Work(record: admitted.record, eventID: id, isNew: false, steps: [],

@@ -1,5 +1,5 @@
 import Foundation
-import Hummingbird
+public import Hummingbird
 public import Logging
 import NIOCore
 public import ServiceLifecycle
@@ -30,8 +30,10 @@ public struct HealthServer: Sendable {
     }
 
     /// The HTTP service; `onListening` receives the bound port (useful with port 0).
-    public func service(logger: Logger, onListening: @escaping @Sendable (Int) -> Void = { _ in }) -> some Service {
+    public func service(logger: Logger, routes: (Router<BasicRequestContext>) -> Void = { _ in },
+                        onListening: @escaping @Sendable (Int) -> Void = { _ in }) -> some Service {
         let router = Router()
+        routes(router)
         let checks = self.checks
         let metricsText = self.metricsText
         router.get("healthz") { _, _ in

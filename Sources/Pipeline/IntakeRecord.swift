@@ -39,11 +39,24 @@ public enum Disposition: Sendable, Equatable {
 public protocol Acknowledgement: ActionPermit {
     /// Called exactly once per record, when its outcome is durable, or with `.abandoned`.
     func settle(_ disposition: Disposition)
+
+    /// Called when the record's event is durable in the ledger, claimed with its plan
+    /// (`.recorded` with outcome `.pending`) or found a duplicate, before its steps run; `settle`
+    /// follows once they have. A door that answers at persistence (RFC 8935 push: `202` once the
+    /// SET is persisted) answers here. Not called for records settled at once.
+    func durable(_ disposition: Disposition)
+
+    /// Whether the record may wait aside while its issuer's keys cannot be had (Kafka: it holds
+    /// back its partition's commit point). When not, it is settled `.abandoned` at once, and
+    /// its sender is told to try again later.
+    var waitsForKeys: Bool { get }
 }
 
 extension Acknowledgement {
     public func beginAction() -> Bool { true }
     public func endAction() {}
+    public func durable(_ disposition: Disposition) {}
+    public var waitsForKeys: Bool { true }
 }
 
 /// One message travelling through the pipeline's stages, with its own acknowledgement.

@@ -47,6 +47,10 @@ public final class WardenMetrics: Sendable {
     func verifyFailure(_ code: String) { counter("warden_verify_failures_total", [("err", code)]).increment() }
     public func deadLettered() { deadLetters.increment() }
     func step(kind: String, result: String) { counter("warden_steps_total", [("kind", kind), ("result", result)]).increment() }
+    /// Push requests answered, by status (`warden_push_requests_total{status}`).
+    func pushAnswered(_ status: Int) { counter("warden_push_requests_total", [("status", "\(status)")]).increment() }
+    /// Bytes of pushed bodies taken (`warden_push_bytes_total`).
+    func pushBytes(_ count: Int) { counter("warden_push_bytes_total").increment(by: count) }
     public func retried(_ reason: String) { counter("warden_retries_total", [("reason", reason)]).increment() }
 }
 

@@ -8,6 +8,7 @@ import Logging
 import Metrics
 import Pipeline
 import Prometheus
+import Hummingbird
 import ServiceLifecycle
 import TokenVerification
 
@@ -31,7 +32,15 @@ extension WardenCommand {
             let configuration: WardenConfiguration
             do {
                 configuration = try WardenConfiguration.load(path: config)
-                guard configuration.kafka != nil else { throw ConfigError(path: "kafka", "is required by warden run") }
+                guard configuration.kafka != nil || configuration.receiver != nil else {
+                    throw ConfigError(path: "kafka", "or receiver is required by warden run (where SETs come from)")
+                }
+                if configuration.kafka != nil, configuration.receiver != nil {
+                    throw ConfigError(path: "receiver", """
+                        with a kafka section (pushed SETs produced to the topic) is not available in this version: \
+                        remove kafka to take pushed SETs straight into the ledger, or receiver to read the topic
+                        """)
+                }
                 guard configuration.ledger != nil else { throw ConfigError(path: "ledger", "is required by warden run (e.g. sqlite:///var/lib/warden/ledger.sqlite)") }
             } catch {
                 FileHandle.standardError.write(Data("warden: \(error)\n".utf8))
@@ -58,11 +67,9 @@ struct Worker {
     let logger: Logger
 
     func run() async throws {
-        let kafka = configuration.kafka!
-
         var cluster: EmbeddedKafkaCluster? = nil
-        var brokers = kafka.brokers
-        if kafka.isEmbedded {
+        var brokers = configuration.kafka?.brokers ?? ""
+        if let kafka = configuration.kafka, kafka.isEmbedded {
             let created = try EmbeddedKafkaCluster(
                 topics: [(kafka.topic, kafka.embeddedPartitions), (kafka.deadLetterTopic, kafka.embeddedPartitions)],
                 logger: logger)
@@ -106,25 +113,53 @@ struct Worker {
     /// The worker's services; throws, starting nothing, when a part refuses its settings.
     private func makeGroup(ledger: any Ledger, ledgerService: Background?, openLedger: @escaping @Sendable () async throws -> Void,
                            brokers: String, client: HTTPClient) throws -> ServiceGroup {
-        let kafka = configuration.kafka!
         let verifier = configuration.makeVerifier(client: client, logger: logger)
         let registry = PrometheusCollectorRegistry()
         var factory = PrometheusMetricsFactory(registry: registry)
         factory.durationHistogramBuckets["warden_step_record_seconds"] = WardenMetrics.stepRecordBuckets
         let metrics = WardenMetrics(factory: factory)
 
-        var properties = KafkaProperties(kafka.properties)
-        if kafka.isEmbedded, properties["session.timeout.ms"] == nil { properties["session.timeout.ms"] = "6000" }
-        let producer = try KafkaProducer(bootstrapServers: brokers, properties: properties, logger: logger)
-        let consumer = try KafkaConsumer(
-            configuration: .init(bootstrapServers: brokers, groupID: kafka.group, topics: [kafka.topic], properties: properties,
-                                 maximumInFlight: kafka.maximumInFlight, commitInterval: .seconds(kafka.commitInterval)),
-            logger: logger)
+        // The door: a Kafka topic, or (without kafka) the push receiver into the ledger alone.
+        let intake: any Service
+        var intakeChecks: [HealthServer.Check] = []
+        var closers: [ServiceGroupConfiguration.ServiceConfiguration] = []
+        var receiverService: (any Service)? = nil
+        var receiverRoutes: (Router<BasicRequestContext>) -> Void = { _ in }
         let engine = try configuration.invalidation.makeEngine(http: client, logger: logger)
-        let processor = EventProcessor(verifier: verifier, ledger: ledger,
-                                       deadLetters: KafkaDeadLetters(producer: producer, topic: kafka.deadLetterTopic),
-                                       metrics: metrics, logger: logger, stop: StopSignal(), engine: engine.engine,
-                                       configuration: .init(parallelism: kafka.concurrency))
+        if let kafka = configuration.kafka {
+            var properties = KafkaProperties(kafka.properties)
+            if kafka.isEmbedded, properties["session.timeout.ms"] == nil { properties["session.timeout.ms"] = "6000" }
+            let producer = try KafkaProducer(bootstrapServers: brokers, properties: properties, logger: logger)
+            let consumer = try KafkaConsumer(
+                configuration: .init(bootstrapServers: brokers, groupID: kafka.group, topics: [kafka.topic], properties: properties,
+                                     maximumInFlight: kafka.maximumInFlight, commitInterval: .seconds(kafka.commitInterval)),
+                logger: logger)
+            let processor = EventProcessor(verifier: verifier, ledger: ledger,
+                                           deadLetters: KafkaDeadLetters(producer: producer, topic: kafka.deadLetterTopic),
+                                           metrics: metrics, logger: logger, stop: StopSignal(), engine: engine.engine,
+                                           configuration: .init(parallelism: kafka.concurrency))
+            intake = KafkaIntake(consumer: consumer, processor: processor, metrics: metrics, logger: logger)
+            intakeChecks = [.init("kafka") { consumer.hasJoinedGroup }]
+            closers = [.init(service: CloseOnShutdown { producer.close() })]
+        } else {
+            let settings = configuration.receiver!
+            // A refused SET is answered 400 to its sender and kept in the ledger as a rejection:
+            // there is no dead-letter topic without Kafka.
+            let processor = EventProcessor(verifier: verifier, ledger: ledger, deadLetters: LedgerOnlyDeadLetters(),
+                                           metrics: metrics, logger: logger, stop: StopSignal(), engine: engine.engine)
+            let receiver = PushReceiver(
+                settings: .init(host: settings.host, port: settings.port, path: settings.path, bearerTokens: settings.bearerTokens,
+                                maximumBodyBytes: settings.maximumBodyBytes),
+                metrics: metrics, logger: logger)
+            intake = PushIntake(receiver: receiver, pipeline: EventPipeline(processor: processor))
+            let summary = "(POST \(settings.path)\(settings.bearerTokens.isEmpty ? "" : ", bearer tokens: \(settings.bearerTokens.count)"))"
+            if settings.host == configuration.http.host, settings.port == configuration.http.port, settings.port != 0 {
+                receiverRoutes = receiver.addRoutes
+                announce("receiver: \(settings.host):\(settings.port) \(summary), with /healthz, /readyz and /metrics")
+            } else {
+                receiverService = receiver.service { port in announce("receiver: \(settings.host):\(port) \(summary)") }
+            }
+        }
         for target in configuration.invalidation.targets.keys.sorted() {
             announce("target \(target): \(configuration.invalidation.targets[target]!.summary)")
         }
@@ -137,18 +172,13 @@ struct Worker {
                 "warden.event_types": "\(Set(sessionSteps.map { InvalidationConfiguration.shortName($0.eventType) }).sorted().joined(separator: ","))",
             ])
         }
-        let intake = KafkaIntake(consumer: consumer, processor: processor, metrics: metrics, logger: logger)
-
         let issuers = verifier.configuredIssuers
         let health = HealthServer(
             host: configuration.http.host, port: configuration.http.port,
-            checks: [
-                .init("keys") { issuers.allSatisfy { $0.keys.currentSnapshot() != nil } },
-                .init("kafka") { consumer.hasJoinedGroup },
-                .init("ledger") { await ledger.isReachable() },
-            ],
+            checks: [.init("keys") { issuers.allSatisfy { $0.keys.currentSnapshot() != nil } }] + intakeChecks
+                + [.init("ledger") { await ledger.isReachable() }],
             metricsText: { registry.emitToBuffer() })
-        let http = health.service(logger: logger) { port in
+        let http = health.service(logger: logger, routes: receiverRoutes) { port in
             announce("http: \(configuration.http.host):\(port) (/healthz, /readyz, /metrics)")
         }
 
@@ -160,14 +190,16 @@ struct Worker {
         return ServiceGroup(configuration: .init(
             services: pools + [
                 .init(service: CloseOnShutdown { await ledger.close() }),
-                .init(service: CloseOnShutdown { producer.close() }),
+            ] + closers + [
                 .init(service: CloseOnShutdown { engine.redisClients.forEach { $0.close() } }),
                 .init(service: CloseOnShutdown { try? await client.shutdown() }),
                 .init(service: KeyPreload(issuers: issuers, logger: logger)),
                 .init(service: http),
                 .init(service: Prepared(prepare: openLedger, service: intake), successTerminationBehavior: .gracefullyShutdownGroup,
                       failureTerminationBehavior: .gracefullyShutdownGroup),
-            ],
+                // Last, so it stops first: it answers the requests under way while the intake
+                // behind it still runs.
+            ] + [receiverService].compactMap { $0.map { .init(service: $0) } },
             gracefulShutdownSignals: [.sigterm, .sigint],
             logger: logger))
     }
@@ -187,9 +219,9 @@ struct Background: Service {
 
 /// Runs `service` once `prepare` succeeded (a ledger migrated); a failure of `prepare` is the
 /// service's.
-struct Prepared<Wrapped: Service>: Service {
+struct Prepared: Service {
     let prepare: @Sendable () async throws -> Void
-    let service: Wrapped
+    let service: any Service
     func run() async throws {
         try await prepare()
         try await service.run()

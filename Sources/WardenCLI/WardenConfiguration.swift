@@ -10,6 +10,8 @@ public struct WardenConfiguration: Sendable {
     /// `kafka:`; nil when the section is absent.
     public var kafka: KafkaSettings?
     public var http: HTTPSettings
+    /// `receiver:`; nil when the section is absent.
+    public var receiver: ReceiverSettings?
     /// `ledger:`; nil when absent (`warden run` requires it).
     public var ledger: LedgerLocation?
     /// `targets:`, `token-stores:`, `subjects:`, `policy:`.
@@ -54,7 +56,7 @@ public struct WardenConfiguration: Sendable {
         let maximum = try root.child("max-token-size").byteSize() ?? SETVerifier.defaultMaximumTokenBytes
         return WardenConfiguration(
             issuers: issuers, maximumTokenBytes: maximum, kafka: try KafkaSettings.parse(root.child("kafka")),
-            http: try HTTPSettings.parse(root.child("http")),
+            http: try HTTPSettings.parse(root.child("http")), receiver: try ReceiverSettings.parse(root.child("receiver")),
             ledger: root.child("ledger").isPresent ? try LedgerLocation.parse(root.child("ledger")) : nil,
             invalidation: try InvalidationConfiguration.parse(root))
     }

@@ -79,6 +79,44 @@ public struct HTTPSettings: Sendable, Equatable {
     }
 }
 
+/// The `receiver:` section: the RFC 8935 push endpoint.
+public struct ReceiverSettings: Sendable, Equatable {
+    public var host: String
+    public var port: Int
+    /// Default `/events`.
+    public var path: String
+    /// From `bearer-tokens-file` (one per line); none: no bearer token is asked for.
+    public var bearerTokens: [String]
+    /// Default 65,536.
+    public var maximumBodyBytes: Int
+
+    static let keys = ["listen", "path", "bearer-tokens-file", "max-body-bytes"]
+
+    static func parse(_ r: ConfigReader) throws(ConfigError) -> ReceiverSettings? {
+        guard r.isPresent else { return nil }
+        try r.requireOnly(keys)
+        let listen = try r.child("listen").requiredString()
+        guard let (host, port) = HTTPSettings.parseListen(listen) else {
+            throw r.child("listen").error("\"\(listen)\" is not host:port (e.g. 0.0.0.0:8080; port 0 picks a free one)")
+        }
+        let path = try r.child("path").string() ?? "/events"
+        guard path.hasPrefix("/"), !path.contains(where: { $0 == " " || $0 == "?" || $0 == "#" }) else {
+            throw r.child("path").error("\"\(path)\" is not a path (e.g. /events)")
+        }
+        var tokens: [String] = []
+        let file = r.child("bearer-tokens-file")
+        if let (contents, filePath) = try file.fileContents() {
+            guard let text = String(bytes: contents, encoding: .utf8) else { throw file.error("the file \(filePath) is not UTF-8 text") }
+            // One token per line; blank lines and surrounding whitespace (a CRLF too) are not part of one.
+            tokens = text.split(whereSeparator: \.isNewline).map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
+            guard !tokens.isEmpty else { throw file.error("the file \(filePath) holds no token") }
+            if tokens.contains(where: { $0.contains(" ") }) { throw file.error("a line of \(filePath) holds more than one word: one token per line") }
+        }
+        return ReceiverSettings(host: host, port: port, path: path, bearerTokens: tokens,
+                                maximumBodyBytes: try r.child("max-body-bytes").byteSize() ?? 65_536)
+    }
+}
+
 /// The `ledger:` URL.
 public enum LedgerLocation: Sendable, Equatable {
     /// `sqlite:///absolute/path`, `sqlite:relative/path` (relative to the configuration file).

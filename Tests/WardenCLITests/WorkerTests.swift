@@ -38,17 +38,10 @@ struct WorkerTests {
              extra: String = "") throws {
             cluster = try EmbeddedKafkaCluster(topics: [("security-events", partitions), ("security-events.dlq", 1)],
                                                logger: WorkerTests.quiet)
-            directory = try Warden.temporaryDirectory()
-            try SETMinter.jwks([WorkerTests.rsa, WorkerTests.ec]).write(to: directory.appendingPathComponent("jwks.json"),
-                                                                       atomically: true, encoding: .utf8)
+            directory = try WorkerTests.keyFolder()
             config = directory.appendingPathComponent("warden.yaml")
             try """
-            issuers:
-              - issuer: \(WorkerTests.issuer)
-                \(keySource)
-                key-retry-interval: 500ms
-                audiences: [\(WorkerTests.audience)]
-                algorithms: [RS256, ES256]
+            \(WorkerTests.issuerSection(keySource))
             kafka:
               brokers: \(cluster.bootstrapServers)
               topic: security-events
@@ -66,6 +59,25 @@ struct WorkerTests {
         }
 
         func cleanUp() { try? FileManager.default.removeItem(at: directory) }
+    }
+
+    /// A scratch folder with `jwks.json` holding the test keys.
+    static func keyFolder() throws -> URL {
+        let directory = try Warden.temporaryDirectory()
+        try SETMinter.jwks([rsa, ec]).write(to: directory.appendingPathComponent("jwks.json"), atomically: true, encoding: .utf8)
+        return directory
+    }
+
+    /// The `issuers:` section for the test issuer, its keys from `keySource`.
+    static func issuerSection(_ keySource: String) -> String {
+        """
+        issuers:
+          - issuer: \(issuer)
+            \(keySource)
+            key-retry-interval: 500ms
+            audiences: [\(audience)]
+            algorithms: [RS256, ES256]
+        """
     }
 
     static func token(jti: String = UUID().uuidString, subject: String, key: SigningKey = WorkerTests.ec) throws -> String {
@@ -325,10 +337,14 @@ final class WorkerProcess: Sendable {
     var standardError: String { errors.text.withLock { $0 } }
 
     /// The HTTP port from the worker's `warden: http: host:port` line, once it is listening.
-    func httpPort() async throws -> Int {
+    func httpPort() async throws -> Int { try await announcedPort("http") }
+
+    /// The port from the worker's `warden: <what>: host:port` line, once it is listening.
+    func announcedPort(_ what: String) async throws -> Int {
+        let prefix = "warden: \(what): "
         for _ in 0..<600 {
-            for line in standardOutput.split(separator: "\n") where line.hasPrefix("warden: http: ") {
-                let address = line.dropFirst("warden: http: ".count).split(separator: " ")[0]
+            for line in standardOutput.split(separator: "\n") where line.hasPrefix(prefix) {
+                let address = line.dropFirst(prefix.count).split(separator: " ")[0]
                 if let port = Int(address.split(separator: ":").last ?? "") { return port }
             }
             if !process.isRunning {
