@@ -108,6 +108,30 @@ struct CoreTests {
         func disposition(_ i: Int) -> Disposition? { settled.all.count > i ? settled.all[i] : nil }
     }
 
+    // A door that answers at persistence (push) hears of its event once it is claimed with its
+    // plan, while its steps still run; a pushed token whose keys cannot be had is answered at
+    // once (try again later), and waits nowhere.
+    @Test func aPushedEventIsAnsweredOnceDurableAndOneWithoutKeysAtOnce() async throws {
+        let world = World()
+        world.executor.script.withLock { $0["p"] = [.retry("later", after: 30)] }
+        world.fetcherB.failing.withLock { $0 = true }
+        let (stream, continuation) = AsyncStream.makeStream(of: [IntakeRecord].self)
+        let running = Task { await world.pipeline.run(stream) }
+        let durable = PushAcknowledgement(), noKeys = PushAcknowledgement()
+        continuation.yield([
+            IntakeRecord(Self.token(Self.issuerA, "p", jti: "pushed", key: Self.keyA), acknowledgement: durable),
+            IntakeRecord(Self.token(Self.issuerB, "q", jti: "no-keys", key: Self.keyB1), acknowledgement: noKeys),
+        ])
+        let eventID = try #require(await eventually { world.ledger.event("pushed") != nil } ? world.ledger.event("pushed")?.id : nil)
+        #expect(await durable.answer() == .recorded(eventID: eventID, outcome: .pending))
+        #expect(world.ledger.event("pushed")?.steps.map(\.status) == [.pending, .pending])
+        #expect(await noKeys.answer() == .abandoned)
+        #expect(world.ledger.event("no-keys") == nil)
+        world.stop.stop()
+        continuation.finish()
+        await running.value
+    }
+
     // A token whose issuer's keys cannot be fetched waits aside with the later events of its
     // subject; other subjects and issuers are recorded meanwhile; once the keys come, the
     // waiting ones are recorded in their order.
