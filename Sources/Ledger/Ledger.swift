@@ -24,6 +24,18 @@ public protocol Ledger: Sendable {
     /// An event's steps in order, with their status: after a crash, the pending ones are what
     /// is left to do.
     func steps(ofEvent eventID: Int64) async throws(LedgerError) -> [OutboxStep]
+    /// Events with a step still pending, received before `receivedBefore` (seconds since 1970),
+    /// with ids above `afterID`, oldest first, at most `limit`: what a door that gets no
+    /// redelivery (push into the ledger) resumes at start-up.
+    func pendingEvents(receivedBefore: Double, afterID: Int64, limit: Int) async throws(LedgerError) -> [PendingEvent]
+    /// Records that a verification event carrying `state` was asked of `issuer`'s transmitter
+    /// (`warden stream verify`), at `time` (seconds since 1970).
+    func requestVerification(issuer: String, state: String, at time: Double) async throws(LedgerError)
+    /// Whether a verification with `state` was asked of `issuer`'s transmitter; when so, records
+    /// that it arrived at `time` (the first arrival is kept: a redelivery matches too).
+    func verificationArrived(issuer: String, state: String, at time: Double) async throws(LedgerError) -> Bool
+    /// When the verification asked with `state` arrived; nil while it has not (or was never asked).
+    func verificationArrival(issuer: String, state: String) async throws(LedgerError) -> Double?
     /// Records a message that failed verification (it has no issuer or jti to trust).
     func recordRejection(_ rejection: Rejection) async throws(LedgerError)
     /// Claims and rejections in one atomic write, in order: all are recorded or none. Returns the
@@ -158,6 +170,23 @@ public struct LedgerEvent: Sendable, Equatable {
         self.algorithm = algorithm
         self.keyThumbprint = keyThumbprint
         self.issuedAt = issuedAt
+        self.receivedAt = receivedAt
+    }
+}
+
+/// An event whose steps are not all recorded: its compact SET, to run them again from.
+public struct PendingEvent: Sendable, Equatable {
+    public var id: Int64
+    /// The compact SET as verified and stored.
+    public var token: [UInt8]
+    /// Where its first delivery came from.
+    public var source: String
+    public var receivedAt: Double
+
+    public init(id: Int64, token: [UInt8], source: String, receivedAt: Double) {
+        self.id = id
+        self.token = token
+        self.source = source
         self.receivedAt = receivedAt
     }
 }

@@ -102,6 +102,17 @@ public final class PostgresLedger: Ledger {
             "ALTER TABLE events ADD COLUMN lease_owner TEXT",
             "ALTER TABLE events ADD COLUMN lease_until DOUBLE PRECISION",
         ]),
+        ("v4-verifications", [
+            """
+            CREATE TABLE verifications (
+                issuer TEXT NOT NULL,
+                state TEXT NOT NULL,
+                requested_at DOUBLE PRECISION NOT NULL,
+                arrived_at DOUBLE PRECISION,
+                PRIMARY KEY (issuer, state)
+            )
+            """,
+        ]),
     ]
 
     private func migrate() async throws {
@@ -267,6 +278,51 @@ public final class PostgresLedger: Ledger {
                 WHERE id = \(eventID) AND (lease_owner IS NULL OR lease_owner = \(owner) OR lease_until < \(now)) RETURNING id
                 """, logger: self.logger).decode(Int64.self) { granted = true }
             return granted
+        }
+    }
+
+    public func pendingEvents(receivedBefore: Double, afterID: Int64, limit: Int) async throws(LedgerError) -> [PendingEvent] {
+        try await transaction("read pending events") { connection in
+            var events: [PendingEvent] = []
+            let rows = try await connection.query("""
+                SELECT id, token, source, received_at FROM events
+                WHERE id IN (SELECT event_id FROM steps WHERE status = 'pending') AND id > \(afterID) AND received_at < \(receivedBefore)
+                ORDER BY id LIMIT \(limit)
+                """, logger: self.logger)
+            for try await (id, token, source, receivedAt) in rows.decode((Int64, String, String, Double).self) {
+                events.append(PendingEvent(id: id, token: Array(token.utf8), source: source, receivedAt: receivedAt))
+            }
+            return events
+        }
+    }
+
+    public func requestVerification(issuer: String, state: String, at time: Double) async throws(LedgerError) {
+        _ = try await transaction("request verification") { connection in
+            try await connection.query("""
+                INSERT INTO verifications (issuer, state, requested_at) VALUES (\(storable(issuer)), \(storable(state)), \(time))
+                ON CONFLICT DO NOTHING
+                """, logger: self.logger)
+        }
+    }
+
+    public func verificationArrived(issuer: String, state: String, at time: Double) async throws(LedgerError) -> Bool {
+        try await transaction("verification arrived") { connection in
+            var matched = false
+            for try await _ in try await connection.query("""
+                UPDATE verifications SET arrived_at = coalesce(arrived_at, \(time))
+                WHERE issuer = \(storable(issuer)) AND state = \(storable(state)) RETURNING state
+                """, logger: self.logger).decode(String.self) { matched = true }
+            return matched
+        }
+    }
+
+    public func verificationArrival(issuer: String, state: String) async throws(LedgerError) -> Double? {
+        try await transaction("read verification") { connection in
+            var arrived: Double? = nil
+            for try await value in try await connection.query("""
+                SELECT arrived_at FROM verifications WHERE issuer = \(storable(issuer)) AND state = \(storable(state))
+                """, logger: self.logger).decode(Double?.self) { arrived = value }
+            return arrived
         }
     }
 

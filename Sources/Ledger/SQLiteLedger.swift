@@ -147,6 +147,18 @@ public final class SQLiteLedger: Ledger {
                 );
                 """)
         }
+        // States of the verification events asked for, and when each arrived.
+        migrator.registerMigration("v5-verifications") { db in
+            try db.execute(sql: """
+                CREATE TABLE verifications (
+                    issuer TEXT NOT NULL,
+                    state TEXT NOT NULL,
+                    requested_at REAL NOT NULL,
+                    arrived_at REAL,
+                    PRIMARY KEY (issuer, state)
+                ) WITHOUT ROWID;
+                """)
+        }
         return migrator
     }
 
@@ -340,6 +352,33 @@ public final class SQLiteLedger: Ledger {
         }
     }
 
+    public func pendingEvents(receivedBefore: Double, afterID: Int64, limit: Int) async throws(LedgerError) -> [PendingEvent] {
+        try await writer.submit { db in
+            try SQLiteLedgerReader.pendingEvents(db, receivedBefore: receivedBefore, afterID: afterID, limit: limit)
+        }
+    }
+
+    public func requestVerification(issuer: String, state: String, at time: Double) async throws(LedgerError) {
+        try await writer.submit(urgent: true) { db in
+            try db.execute(sql: "INSERT INTO verifications (issuer, state, requested_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+                           arguments: [issuer, state, time])
+        }
+    }
+
+    public func verificationArrived(issuer: String, state: String, at time: Double) async throws(LedgerError) -> Bool {
+        try await writer.submit(urgent: true) { db in
+            try db.execute(sql: "UPDATE verifications SET arrived_at = coalesce(arrived_at, ?) WHERE issuer = ? AND state = ?",
+                           arguments: [time, issuer, state])
+            return db.changesCount > 0
+        }
+    }
+
+    public func verificationArrival(issuer: String, state: String) async throws(LedgerError) -> Double? {
+        try await writer.submit { db in
+            try Double.fetchOne(db, sql: "SELECT arrived_at FROM verifications WHERE issuer = ? AND state = ?", arguments: [issuer, state])
+        }
+    }
+
     public func recordRejection(_ rejection: Rejection) async throws(LedgerError) {
         try await writer.submit { db in try Self.insert(rejection, in: db) }
     }
@@ -450,6 +489,19 @@ public struct SQLiteLedgerReader: Sendable {
                          arguments: [eventID]).map {
             OutboxStep(index: $0["idx"], kind: $0["kind"], action: $0["action"],
                        status: StepStatus(rawValue: $0["status"]) ?? .pending, detail: $0["detail"])
+        }
+    }
+
+    static func pendingEvents(_ db: Database, receivedBefore: Double, afterID: Int64, limit: Int) throws -> [PendingEvent] {
+        // The pending steps are found through their partial index, their events by id.
+        try Row.fetchAll(db, sql: """
+            SELECT e.id, coalesce(t.token, e.token) AS token, e.source, e.received_at
+            FROM events e LEFT JOIN event_tokens t ON t.event_id = e.id
+            WHERE e.id IN (SELECT event_id FROM steps WHERE status = 'pending') AND e.id > ? AND e.received_at < ?
+            ORDER BY e.id LIMIT ?
+            """, arguments: [afterID, receivedBefore, limit]).map {
+            let token: String = $0["token"]
+            return PendingEvent(id: $0["id"], token: Array(token.utf8), source: $0["source"], receivedAt: $0["received_at"])
         }
     }
 

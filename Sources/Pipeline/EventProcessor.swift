@@ -139,6 +139,23 @@ public struct EventProcessor: Sendable {
         resolving: for checked in batch {
             switch checked.result {
             case .success(let verified):
+                // A verification event with a `state` is taken only when Warden asked for that
+                // state (`warden stream verify`); its arrival is recorded for the one waiting.
+                if let state = verified.set.token.verificationState {
+                    let issuer = verified.set.token.issuer, now = Date().timeIntervalSince1970
+                    switch await attempting("ledger", { try await ledger.verificationArrived(issuer: issuer, state: state, at: now) }) {
+                    case .done(true): break
+                    case .done(false):
+                        verdicts.append(.invalid(code: SETErrorCode.invalidState.rawValue,
+                                                 description: "the verification event's state matches no verification requested of \(issuer)"))
+                        continue resolving
+                    case .refused(let error):
+                        verdicts.append(.invalid(code: SETErrorCode.invalidState.rawValue,
+                                                 description: "the verification event's state cannot be looked up: \(error)"))
+                        continue resolving
+                    case .stopped: break resolving
+                    }
+                }
                 // The subject's local user: a lookup that cannot be made now makes admission
                 // wait here rather than record the event unresolved.
                 var attempt = 0
@@ -259,6 +276,12 @@ public struct EventProcessor: Sendable {
                 }
                 guard case .event(let claimed, _, let steps) = admitted.entry else { preconditionFailure("entries follow verdicts") }
                 let outcome: EventEnd = event.plan.isUnresolved ? .unresolved : .processed
+                if let updated = event.token.events.first(where: { $0.type.isStreamUpdated }), let status = updated.status {
+                    metrics.streamStatus(issuer: event.token.issuer, status: status)
+                    logger.notice("stream status changed", metadata: [
+                        "warden.iss": "\(event.token.issuer)", "warden.status": "\(status)", "warden.reason": "\(updated.reason ?? "")",
+                    ])
+                }
                 if steps.isEmpty {
                     outcomes.add(outcome.rawValue)
                     logger.info("event recorded", metadata: metadata(event.token, message, eventID: id))

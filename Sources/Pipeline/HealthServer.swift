@@ -1,7 +1,7 @@
 import Foundation
 public import Hummingbird
 public import Logging
-import NIOCore
+public import NIOCore
 public import ServiceLifecycle
 
 /// `GET /healthz` (alive), `GET /readyz` (every check passes), `GET /metrics` (Prometheus text).
@@ -30,9 +30,9 @@ public struct HealthServer: Sendable {
     }
 
     /// The HTTP service; `onListening` receives the bound port (useful with port 0).
-    public func service(logger: Logger, routes: (Router<BasicRequestContext>) -> Void = { _ in },
+    public func service(logger: Logger, routes: (Router<WardenRequestContext>) -> Void = { _ in },
                         onListening: @escaping @Sendable (Int) -> Void = { _ in }) -> some Service {
-        let router = Router()
+        let router = Router(context: WardenRequestContext.self)
         routes(router)
         let checks = self.checks
         let metricsText = self.metricsText
@@ -53,5 +53,23 @@ public struct HealthServer: Sendable {
         return Application(router: router, configuration: .init(address: .hostname(host, port: port)),
                            onServerRunning: { channel in onListening(channel.localAddress?.port ?? 0) },
                            logger: logger)
+    }
+}
+
+/// The request context of Warden's HTTP servers: Hummingbird's basic one, plus the peer's
+/// address (the push receiver limits each client's rate by it).
+public struct WardenRequestContext: RequestContext, RemoteAddressRequestContext {
+    public var coreContext: CoreRequestContextStorage
+    public let remoteAddress: SocketAddress?
+
+    public init(source: ApplicationRequestContextSource) {
+        coreContext = .init(source: source)
+        remoteAddress = source.channel.remoteAddress
+    }
+
+    /// The client's IP address (or the whole address when it has none).
+    var clientAddress: String {
+        guard let remoteAddress else { return "unknown" }
+        return remoteAddress.ipAddress ?? "\(remoteAddress)"
     }
 }

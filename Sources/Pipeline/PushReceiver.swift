@@ -1,5 +1,6 @@
 import Foundation
 import HTTPTypes
+import Ledger
 public import Hummingbird
 public import Logging
 import NIOCore
@@ -8,11 +9,12 @@ public import Invalidation
 import Synchronization
 
 /// The RFC 8935 push door: `POST` of one compact SET (`Content-Type: application/secevent+jwt`)
-/// becomes a record for the pipeline, and the request is answered once the record's event is
-/// durable in the ledger — `202` with an empty body (a duplicate too, every time) — or refused:
-/// `400` with `{"err", "description"}` for a SET that fails verification (recorded in the
-/// ledger as a rejection), `503` with `Retry-After` when it cannot be persisted now (the
-/// issuer's keys cannot be had, the process is stopping). Before the body is read: `401` with
+/// is handed to its destination (the pipeline into the ledger, or a Kafka topic), and the
+/// request is answered once the SET is persisted there — `202` with an empty body (a duplicate
+/// too, every time) — or refused: `400` with `{"err", "description"}` for a SET that fails
+/// verification (recorded in the ledger as a rejection), `503` with `Retry-After` when it
+/// cannot be persisted now (the issuer's keys or the topic cannot be had, the process is
+/// stopping). Before the body is read: `401` with
 /// `WWW-Authenticate: Bearer` when bearer tokens are configured and the request has none of
 /// them (nothing else is said to such a caller), `415` for another content type, `413` over the
 /// size limit; `405` with `Allow: POST` for another method.
@@ -26,38 +28,44 @@ public struct PushReceiver: Sendable {
         public var bearerTokens: [String]
         /// The largest body taken. Default 65,536 bytes.
         public var maximumBodyBytes: Int
+        /// Each client's rate (by IP address); nil: none.
+        public var rateLimit: ClientRateLimiter.Settings?
 
-        public init(host: String, port: Int, path: String = "/events", bearerTokens: [String] = [], maximumBodyBytes: Int = 65_536) {
+        public init(host: String, port: Int, path: String = "/events", bearerTokens: [String] = [], maximumBodyBytes: Int = 65_536,
+                    rateLimit: ClientRateLimiter.Settings? = Self.defaultRateLimit) {
             self.host = host
             self.port = port
             self.path = path
             self.bearerTokens = bearerTokens
             self.maximumBodyBytes = maximumBodyBytes
+            self.rateLimit = rateLimit
         }
+
+        /// 1,000 requests a second per client after a burst of 2,000.
+        public static let defaultRateLimit = ClientRateLimiter.Settings(perSecond: 1000, burst: 2000)
     }
 
     public let settings: Settings
-    let feed: RecordFeed
+    let destination: any PushDestination
+    let limiter: ClientRateLimiter?
     let metrics: WardenMetrics
     let logger: Logger
 
     /// Seconds a sender is told to wait before sending again (`Retry-After` on `503`).
     static let retryAfterSeconds = 5
 
-    public init(settings: Settings, metrics: WardenMetrics, logger: Logger) {
+    public init(settings: Settings, destination: any PushDestination, metrics: WardenMetrics, logger: Logger) {
         self.settings = settings
-        self.feed = RecordFeed()
+        self.destination = destination
+        self.limiter = settings.rateLimit.map { ClientRateLimiter(settings: $0) }
         self.metrics = metrics
         self.logger = logger
     }
 
-    /// The records the requests make, in batches of whatever arrived since the pipeline last took.
-    public var records: RecordFeed { feed }
-
     /// The HTTP service; `onListening` receives the bound port (useful with port 0). On graceful
     /// shutdown it stops taking connections and answers the requests under way.
     public func service(onListening: @escaping @Sendable (Int) -> Void = { _ in }) -> some Service {
-        let router = Router()
+        let router = Router(context: WardenRequestContext.self)
         addRoutes(to: router)
         return Application(router: router, configuration: .init(address: .hostname(settings.host, port: settings.port)),
                            onServerRunning: { channel in onListening(channel.localAddress?.port ?? 0) },
@@ -66,9 +74,9 @@ public struct PushReceiver: Sendable {
 
     /// The endpoint's routes (on a router of its own, or on the health server's when both
     /// listen on one address).
-    public func addRoutes(to router: Router<BasicRequestContext>) {
+    public func addRoutes(to router: Router<WardenRequestContext>) {
         let path = RouterPath(settings.path)
-        router.post(path) { request, _ in await self.handle(request) }
+        router.post(path) { request, context in await self.handle(request, client: context.clientAddress) }
         let metrics = self.metrics
         for method: HTTPRequest.Method in [.get, .head, .put, .patch, .delete, .options] {
             router.on(path, method: method) { _, _ in
@@ -78,13 +86,17 @@ public struct PushReceiver: Sendable {
         }
     }
 
-    func handle(_ request: Request) async -> Response {
-        let response = await answer(request)
+    func handle(_ request: Request, client: String) async -> Response {
+        let response = await answer(request, client: client)
         metrics.pushAnswered(response.status.code)
         return response
     }
 
-    private func answer(_ request: Request) async -> Response {
+    private func answer(_ request: Request, client: String) async -> Response {
+        // A client over its rate is refused before anything else is looked at; others go on.
+        if let limiter, case .failure(let limited) = limiter.admit(client) {
+            return Response(status: .tooManyRequests, headers: [.retryAfter: "\(max(1, Int(limited.retryAfter.rounded(.up))))"])
+        }
         guard isAuthorized(request.headers[.authorization]) else {
             // Says nothing about what is configured: only that a bearer token is wanted.
             let challenge = request.headers[.authorization] == nil ? "Bearer" : "Bearer error=\"invalid_token\""
@@ -103,19 +115,16 @@ public struct PushReceiver: Sendable {
             return Response(status: .contentTooLarge)
         }
         metrics.pushBytes(body.readableBytes)
-        let acknowledgement = PushAcknowledgement()
-        let record = IntakeRecord(IntakeMessage(value: Array(buffer: body), source: "push", receivedAt: Date().timeIntervalSince1970),
-                                  acknowledgement: acknowledgement)
         metrics.received(source: "push")
-        guard feed.submit(record) else { return Self.unavailable() }
-        switch await acknowledgement.answer() {
-        case .recorded, .duplicate:
+        let message = IntakeMessage(value: Array(buffer: body), source: "push", receivedAt: Date().timeIntervalSince1970)
+        switch await destination.persist(message) {
+        case .accepted:
             return Response(status: .accepted)
-        case .rejected(let code, _):
+        case .refused(let code):
             // The verifier's own description (kept in the ledger and the log) may name what is
             // configured — issuers, audiences, algorithms, key ids: the sender gets the code's.
             return Self.refused(code: code, description: Self.publicDescription(code))
-        case .abandoned:
+        case .unavailable:
             return Self.unavailable()
         }
     }
@@ -195,6 +204,40 @@ public struct PushReceiver: Sendable {
     }
 }
 
+/// What became of a pushed SET at its destination.
+public enum PushOutcome: Sendable, Equatable {
+    /// Persisted (or known already): answered `202`.
+    case accepted
+    /// It failed verification (RFC 8935 code): answered `400`.
+    case refused(code: String)
+    /// It cannot be persisted now: answered `503` with `Retry-After`.
+    case unavailable
+}
+
+/// Where a pushed SET is persisted before its sender hears `202`.
+public protocol PushDestination: Sendable {
+    func persist(_ message: IntakeMessage) async -> PushOutcome
+}
+
+/// Pushed SETs into the ledger: each becomes a record for the pipeline (`PushIntake` runs it),
+/// answered once its event is claimed with its plan, or found a duplicate.
+public final class LedgerPushDestination: PushDestination {
+    /// The records the requests make, in batches of whatever arrived since the pipeline last took.
+    public let records = RecordFeed()
+
+    public init() {}
+
+    public func persist(_ message: IntakeMessage) async -> PushOutcome {
+        let acknowledgement = PushAcknowledgement()
+        guard records.submit(IntakeRecord(message, acknowledgement: acknowledgement)) else { return .unavailable }
+        switch await acknowledgement.answer() {
+        case .recorded, .duplicate: return .accepted
+        case .rejected(let code, _): return .refused(code: code)
+        case .abandoned: return .unavailable
+        }
+    }
+}
+
 /// A pushed record's acknowledgement: the request waits for its first answer (the event
 /// durable, or the record settled). A pushed record never waits aside for keys: its sender is
 /// told to send it again later.
@@ -252,17 +295,26 @@ public final class RecordFeed: AsyncSequence, Sendable {
     init() {}
 
     /// False when closed: the record was not taken.
-    func submit(_ record: IntakeRecord) -> Bool {
+    func submit(_ record: IntakeRecord) -> Bool { submit([record]) }
+
+    /// Records that go ahead of any waiting (taken unless closed).
+    @discardableResult
+    func submitFront(_ records: [IntakeRecord]) -> Bool { submit(records, front: true) }
+
+    /// Several records at once, in order; false when closed.
+    @discardableResult
+    func submit(_ records: [IntakeRecord], front: Bool = false) -> Bool {
+        guard !records.isEmpty else { return true }
         let (taken, waiter) = state.withLock { s -> (Bool, CheckedContinuation<[IntakeRecord]?, Never>?) in
             guard !s.closed else { return (false, nil) }
             if let waiter = s.waiter {
                 s.waiter = nil
                 return (true, waiter)
             }
-            s.pending.append(record)
+            if front { s.pending.insert(contentsOf: records, at: 0) } else { s.pending.append(contentsOf: records) }
             return (true, nil)
         }
-        waiter?.resume(returning: [record])
+        waiter?.resume(returning: records)
         return taken
     }
 
@@ -301,24 +353,158 @@ public final class RecordFeed: AsyncSequence, Sendable {
 
 /// The push door's intake: runs the pipeline on the receiver's records until graceful
 /// shutdown, then takes no more and finishes what it took, steps included (a pushed SET is not
-/// delivered again: its steps are finished before the process exits).
+/// delivered again: its steps are finished before the process exits). At start it resumes the
+/// events the ledger holds with steps still pending (left by a process that was killed): no
+/// sender will deliver those again.
 public struct PushIntake: Service {
-    let receiver: PushReceiver
+    let destination: LedgerPushDestination
     let pipeline: EventPipeline
 
-    public init(receiver: PushReceiver, pipeline: EventPipeline) {
-        self.receiver = receiver
+    public init(destination: LedgerPushDestination, pipeline: EventPipeline) {
+        self.destination = destination
         self.pipeline = pipeline
     }
 
     public func run() async {
-        let feed = receiver.records
+        let feed = destination.records
+        let resume = PendingStepsResume(processor: pipeline.processor, startedAt: Date().timeIntervalSince1970)
         await withGracefulShutdownHandler {
-            await pipeline.run(feed)
+            // The first page of what was left goes in ahead of any request already waiting.
+            var page = await resume.nextPage()
+            if let first = page { feed.submitFront(first.records) }
+            await withDiscardingTaskGroup { group in
+                group.addTask { await pipeline.run(feed) }
+                // One page at a time: however much was left, what is held in memory is bounded.
+                while let current = page?.page {
+                    await current.settled()
+                    guard !current.isLast, let next = await resume.nextPage(), feed.submit(next.records) else { break }
+                    page = next
+                }
+            }
         } onGracefulShutdown: {
             feed.close()
         }
         pipeline.processor.stop.stop()
+    }
+}
+
+/// Reads, page by page, the events whose steps were left pending, as records for the pipeline:
+/// each is verified again (a stored token is acted on only while its issuer's keys still vouch
+/// for it), found a duplicate, and its pending steps run in its subject's turn, as a Kafka
+/// redelivery's would.
+final class PendingStepsResume: Sendable {
+    /// Records of one page, and a way to wait until each is settled.
+    final class Page: Sendable {
+        /// Fewer than a page's worth: nothing is left after it.
+        let isLast: Bool
+        private let remaining: Mutex<(count: Int, waiter: CheckedContinuation<Void, Never>?)>
+
+        init(count: Int, isLast: Bool) {
+            self.isLast = isLast
+            remaining = Mutex((count, nil))
+        }
+
+        func settledOne() {
+            let waiter = remaining.withLock { r -> CheckedContinuation<Void, Never>? in
+                r.count -= 1
+                guard r.count == 0 else { return nil }
+                defer { r.waiter = nil }
+                return r.waiter
+            }
+            waiter?.resume()
+        }
+
+        func settled() async {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                let done = remaining.withLock { r -> Bool in
+                    if r.count <= 0 { return true }
+                    r.waiter = continuation
+                    return false
+                }
+                if done { continuation.resume() }
+            }
+        }
+    }
+
+    /// The source of a resumed event's delivery in the ledger.
+    static let source = "resume"
+    static let pageSize = 256
+
+    let processor: EventProcessor
+    /// Only events received before this process started: later ones are this process's own.
+    let startedAt: Double
+    private let lastID = Mutex<Int64>(0)
+
+    init(processor: EventProcessor, startedAt: Double) {
+        self.processor = processor
+        self.startedAt = startedAt
+    }
+
+    /// The next page's records, or nil when nothing (more) is pending or the process is stopping.
+    func nextPage() async -> (records: [IntakeRecord], page: Page)? {
+        let after = lastID.withLock { $0 }
+        let read = await processor.attempting("ledger") {
+            try await processor.ledger.pendingEvents(receivedBefore: startedAt, afterID: after, limit: Self.pageSize)
+        }
+        switch read {
+        case .done(let events):
+            guard let last = events.last else { return nil }
+            lastID.withLock { $0 = last.id }
+            if after == 0 {
+                processor.logger.notice("resuming events whose steps were left pending", metadata: ["warden.events": "\(events.count)\(events.count == Self.pageSize ? "+" : "")"])
+            }
+            processor.metrics.counter("warden_events_resumed_total").increment(by: events.count)
+            let page = Page(count: events.count, isLast: events.count < Self.pageSize)
+            let records = events.map { event in
+                IntakeRecord(IntakeMessage(value: event.token, source: Self.source, receivedAt: Date().timeIntervalSince1970),
+                             acknowledgement: ResumeAcknowledgement(eventID: event.id, page: page, metrics: processor.metrics,
+                                                                    logger: processor.logger))
+            }
+            return (records, page)
+        case .stopped:
+            return nil
+        case .refused(let error):
+            processor.logger.error("cannot read the events left pending; their steps are not resumed", metadata: ["warden.reason": "\(error)"])
+            return nil
+        }
+    }
+}
+
+/// A resumed event's acknowledgement: nobody waits for an answer; what became of it is logged.
+final class ResumeAcknowledgement: Acknowledgement {
+    let eventID: Int64
+    let page: PendingStepsResume.Page
+    let metrics: WardenMetrics
+    let logger: Logger
+
+    init(eventID: Int64, page: PendingStepsResume.Page, metrics: WardenMetrics, logger: Logger) {
+        self.eventID = eventID
+        self.page = page
+        self.metrics = metrics
+        self.logger = logger
+    }
+
+    func settle(_ disposition: Disposition) {
+        defer { page.settledOne() }
+        switch disposition {
+        case .duplicate(let id) where id == eventID:
+            logger.info("resumed event's steps finished", metadata: ["warden.event_id": "\(eventID)"])
+        case .abandoned:
+            break  // stopping: the next start resumes it
+        case .rejected(let code, let description):
+            // Its issuer's keys no longer vouch for the stored token (a key removed since):
+            // nothing is done on its strength; its steps stay pending, visible in the ledger.
+            metrics.counter("warden_resume_failures_total").increment()
+            logger.error("a stored event no longer verifies; its pending steps were not run", metadata: [
+                "warden.event_id": "\(eventID)", "warden.err": "\(code)", "warden.reason": "\(description)",
+            ])
+        case .duplicate, .recorded:
+            // The stored token names another event than the row it was read from.
+            metrics.counter("warden_resume_failures_total").increment()
+            logger.error("a stored token does not match its event; its pending steps were not run", metadata: [
+                "warden.event_id": "\(eventID)", "warden.disposition": "\(disposition)",
+            ])
+        }
     }
 }
 

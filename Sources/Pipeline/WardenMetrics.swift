@@ -46,6 +46,13 @@ public final class WardenMetrics: Sendable {
     }
     func verifyFailure(_ code: String) { counter("warden_verify_failures_total", [("err", code)]).increment() }
     public func deadLettered() { deadLetters.increment() }
+
+    /// `warden_stream_status{issuer,status}`: 1 for the stream's current status, 0 for the others.
+    func streamStatus(issuer: String, status: String) {
+        for known in Set(["enabled", "paused", "disabled", status]) {
+            gauge("warden_stream_status", [("issuer", issuer), ("status", known)]).record(known == status ? 1 : 0)
+        }
+    }
     func step(kind: String, result: String) { counter("warden_steps_total", [("kind", kind), ("result", result)]).increment() }
     /// Push requests answered, by status (`warden_push_requests_total{status}`).
     func pushAnswered(_ status: Int) { counter("warden_push_requests_total", [("status", "\(status)")]).increment() }

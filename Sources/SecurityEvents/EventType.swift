@@ -88,6 +88,14 @@ public struct EventType: Sendable, Hashable, Comparable, CustomStringConvertible
         self.catalogIndex = EventCatalog.index(of: uri)
     }
 
+    /// A verification (test) event: RISC's, SSF's, or an old SSE draft's.
+    public var isVerification: Bool {
+        uri == EventType.riscVerification.uri || uri == EventType.ssfVerification.uri || uri == EventURIPrefix.sse + "verification"
+    }
+
+    /// SSF's `stream-updated` (or an old SSE draft's).
+    public var isStreamUpdated: Bool { uri == EventType.streamUpdated.uri || uri == EventURIPrefix.sse + "stream-updated" }
+
     /// The definition, or nil for an event type no spec we implement defines.
     public var definition: EventDefinition? { catalogIndex.map { EventCatalog.all[$0] } }
     public var isKnown: Bool { catalogIndex != nil }

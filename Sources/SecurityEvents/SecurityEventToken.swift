@@ -60,6 +60,9 @@ public struct SecurityEventToken: Sendable, Hashable {
     /// order, and a token waiting for its issuer's keys holds back the later ones of its lane.
     public var laneKey: String { Self.laneKey(issuer: issuer, subject: primarySubject) }
 
+    /// The `state` of the verification event this token carries, if it carries one with a state.
+    public var verificationState: String? { events.first { $0.type.isVerification }?.state }
+
     /// A subject's lane; without a subject, the issuer's.
     public static func laneKey(issuer: String, subject: SubjectIdentifier?) -> String {
         subject.map { "subject:" + issuer + "\n" + $0.jsonText } ?? "issuer:" + issuer

@@ -10,6 +10,7 @@ import Pipeline
 import Prometheus
 import Hummingbird
 import ServiceLifecycle
+import Synchronization
 import TokenVerification
 
 extension WardenCommand {
@@ -34,12 +35,6 @@ extension WardenCommand {
                 configuration = try WardenConfiguration.load(path: config)
                 guard configuration.kafka != nil || configuration.receiver != nil else {
                     throw ConfigError(path: "kafka", "or receiver is required by warden run (where SETs come from)")
-                }
-                if configuration.kafka != nil, configuration.receiver != nil {
-                    throw ConfigError(path: "receiver", """
-                        with a kafka section (pushed SETs produced to the topic) is not available in this version: \
-                        remove kafka to take pushed SETs straight into the ledger, or receiver to read the topic
-                        """)
                 }
                 guard configuration.ledger != nil else { throw ConfigError(path: "ledger", "is required by warden run (e.g. sqlite:///var/lib/warden/ledger.sqlite)") }
             } catch {
@@ -119,12 +114,12 @@ struct Worker {
         factory.durationHistogramBuckets["warden_step_record_seconds"] = WardenMetrics.stepRecordBuckets
         let metrics = WardenMetrics(factory: factory)
 
-        // The door: a Kafka topic, or (without kafka) the push receiver into the ledger alone.
+        // The doors: a Kafka topic, and the push receiver — onto the topic with kafka, into the
+        // ledger alone without.
         let intake: any Service
         var intakeChecks: [HealthServer.Check] = []
         var closers: [ServiceGroupConfiguration.ServiceConfiguration] = []
-        var receiverService: (any Service)? = nil
-        var receiverRoutes: (Router<BasicRequestContext>) -> Void = { _ in }
+        let destination: (any PushDestination)?
         let engine = try configuration.invalidation.makeEngine(http: client, logger: logger)
         if let kafka = configuration.kafka {
             var properties = KafkaProperties(kafka.properties)
@@ -141,23 +136,47 @@ struct Worker {
             intake = KafkaIntake(consumer: consumer, processor: processor, metrics: metrics, logger: logger)
             intakeChecks = [.init("kafka") { consumer.hasJoinedGroup }]
             closers = [.init(service: CloseOnShutdown { producer.close() })]
+            if configuration.receiver != nil {
+                // A producer of its own for pushed SETs: a sender waits for its answer, so a
+                // cluster that cannot be reached is a 503 within seconds, not librdkafka's
+                // five-minute delivery timeout.
+                var pushProperties = properties
+                if pushProperties["message.timeout.ms"] == nil { pushProperties["message.timeout.ms"] = "10000" }
+                let pushProducer = try KafkaProducer(bootstrapServers: brokers, properties: pushProperties, logger: logger)
+                destination = KafkaPushDestination(processor: processor, producer: pushProducer, topic: kafka.topic)
+                closers.append(.init(service: CloseOnShutdown { pushProducer.close() }))
+            } else {
+                destination = nil
+            }
         } else {
-            let settings = configuration.receiver!
             // A refused SET is answered 400 to its sender and kept in the ledger as a rejection:
             // there is no dead-letter topic without Kafka.
             let processor = EventProcessor(verifier: verifier, ledger: ledger, deadLetters: LedgerOnlyDeadLetters(),
                                            metrics: metrics, logger: logger, stop: StopSignal(), engine: engine.engine)
+            let ledgerDestination = LedgerPushDestination()
+            intake = PushIntake(destination: ledgerDestination, pipeline: EventPipeline(processor: processor))
+            destination = ledgerDestination
+        }
+        var receiverService: (any Service)? = nil
+        var receiverRoutes: (Router<WardenRequestContext>) -> Void = { _ in }
+        if let settings = configuration.receiver, let destination {
             let receiver = PushReceiver(
                 settings: .init(host: settings.host, port: settings.port, path: settings.path, bearerTokens: settings.bearerTokens,
-                                maximumBodyBytes: settings.maximumBodyBytes),
-                metrics: metrics, logger: logger)
-            intake = PushIntake(receiver: receiver, pipeline: EventPipeline(processor: processor))
-            let summary = "(POST \(settings.path)\(settings.bearerTokens.isEmpty ? "" : ", bearer tokens: \(settings.bearerTokens.count)"))"
+                                maximumBodyBytes: settings.maximumBodyBytes, rateLimit: settings.rateLimit),
+                destination: destination, metrics: metrics, logger: logger)
+            let listening = ListeningFlag()
+            intakeChecks.append(.init("receiver") { listening.isListening })
+            let summary = "(POST \(settings.path)\(settings.bearerTokens.isEmpty ? "" : ", bearer tokens: \(settings.bearerTokens.count)")"
+                + (configuration.kafka.map { ", onto topic \($0.topic)" } ?? ", into the ledger") + ")"
             if settings.host == configuration.http.host, settings.port == configuration.http.port, settings.port != 0 {
                 receiverRoutes = receiver.addRoutes
+                listening.listened = true
                 announce("receiver: \(settings.host):\(settings.port) \(summary), with /healthz, /readyz and /metrics")
             } else {
-                receiverService = receiver.service { port in announce("receiver: \(settings.host):\(port) \(summary)") }
+                receiverService = receiver.service { port in
+                    listening.listened = true
+                    announce("receiver: \(settings.host):\(port) \(summary)")
+                }
             }
         }
         for target in configuration.invalidation.targets.keys.sorted() {
@@ -202,6 +221,16 @@ struct Worker {
             ] + [receiverService].compactMap { $0.map { .init(service: $0) } },
             gracefulShutdownSignals: [.sigterm, .sigint],
             logger: logger))
+    }
+}
+
+/// Whether the push receiver is taking requests (for `/readyz`).
+final class ListeningFlag: Sendable {
+    private let flag = Atomic<Bool>(false)
+    var isListening: Bool { flag.load(ordering: .acquiring) }
+    var listened: Bool {
+        get { isListening }
+        set { flag.store(newValue, ordering: .releasing) }
     }
 }
 

@@ -1,4 +1,5 @@
 public import Ledger
+public import Pipeline
 import Kafka
 import Foundation
 
@@ -89,8 +90,10 @@ public struct ReceiverSettings: Sendable, Equatable {
     public var bearerTokens: [String]
     /// Default 65,536.
     public var maximumBodyBytes: Int
+    /// `rate-limit: {per-second, burst}` per client address, or `off`; default 1,000/s, burst 2,000.
+    public var rateLimit: ClientRateLimiter.Settings? = PushReceiver.Settings.defaultRateLimit
 
-    static let keys = ["listen", "path", "bearer-tokens-file", "max-body-bytes"]
+    static let keys = ["listen", "path", "bearer-tokens-file", "max-body-bytes", "rate-limit"]
 
     static func parse(_ r: ConfigReader) throws(ConfigError) -> ReceiverSettings? {
         guard r.isPresent else { return nil }
@@ -113,7 +116,22 @@ public struct ReceiverSettings: Sendable, Equatable {
             if tokens.contains(where: { $0.contains(" ") }) { throw file.error("a line of \(filePath) holds more than one word: one token per line") }
         }
         return ReceiverSettings(host: host, port: port, path: path, bearerTokens: tokens,
-                                maximumBodyBytes: try r.child("max-body-bytes").byteSize() ?? 65_536)
+                                maximumBodyBytes: try r.child("max-body-bytes").byteSize() ?? 65_536,
+                                rateLimit: try parseRateLimit(r.child("rate-limit")))
+    }
+
+    /// `off`, or `{per-second: N, burst: M}` (burst default: twice the rate).
+    static func parseRateLimit(_ r: ConfigReader) throws(ConfigError) -> ClientRateLimiter.Settings? {
+        guard r.isPresent else { return PushReceiver.Settings.defaultRateLimit }
+        if let text = try? r.string() {
+            guard text == "off" else { throw r.error("\"\(text)\" is not off or {per-second: N, burst: M}") }
+            return nil
+        }
+        try r.requireOnly(["per-second", "burst"])
+        guard let perSecond = try positiveInt(r.child("per-second")) else {
+            throw r.child("per-second").error("is required (requests a second per client address)")
+        }
+        return ClientRateLimiter.Settings(perSecond: Double(perSecond), burst: try positiveInt(r.child("burst")) ?? 2 * perSecond)
     }
 }
 

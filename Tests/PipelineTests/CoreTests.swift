@@ -108,6 +108,54 @@ struct CoreTests {
         func disposition(_ i: Int) -> Disposition? { settled.all.count > i ? settled.all[i] : nil }
     }
 
+    static func verification(_ issuer: String, state: String?, jti: String, key: SigningKey) -> IntakeMessage {
+        let payload: JSONObject = state.map { ["state": .string($0)] } ?? [:]
+        let claims: JSONObject = ["iss": .string(issuer), "aud": .string(audience), "iat": .number(Date().timeIntervalSince1970.rounded(.down)),
+                                  "jti": .string(jti), "events": .object([EventType.riscVerification.uri: .object(payload)])]
+        return IntakeMessage(value: Array(try! SETMinter.token(claims: claims, key: key).utf8), source: "test:\(jti)", receivedAt: 1)
+    }
+
+    // A verification (test) event is taken when its state is one Warden asked its issuer for,
+    // or when it has none (sent unasked); any other state is refused with invalid_state, and a
+    // state asked of one issuer does not let another's through.
+    @Test func aVerificationEventIsTakenOnlyWithAStateAskedOfItsIssuer() async throws {
+        let world = World()
+        world.fetcherB.document.withLock { $0 = SETMinter.jwks([Self.keyB1]) }
+        try await world.ledger.requestVerification(issuer: Self.issuerA, state: "asked-of-a", at: 1)
+        try await world.ledger.requestVerification(issuer: Self.issuerB, state: "asked-of-b", at: 1)
+        let door = HandDoor()
+        let running = Task { await world.pipeline.run(door.stream) }
+        door.feed([
+            Self.verification(Self.issuerA, state: "asked-of-a", jti: "v-asked", key: Self.keyA),
+            Self.verification(Self.issuerA, state: nil, jti: "v-unasked", key: Self.keyA),
+            Self.verification(Self.issuerA, state: "never-asked", jti: "v-unknown", key: Self.keyA),
+            Self.verification(Self.issuerA, state: "asked-of-b", jti: "v-other-issuer", key: Self.keyA),
+            Self.verification(Self.issuerA, state: "asked-of-a", jti: "v-asked-again", key: Self.keyA),
+        ])
+        #expect(await eventually { (0..<5).allSatisfy { door.disposition($0) != nil } })
+        for i in [0, 1, 4] {
+            guard case .recorded(_, .processed) = door.disposition(i) else {
+                Issue.record("verification \(i): \(String(describing: door.disposition(i)))")
+                continue
+            }
+        }
+        for i in [2, 3] {
+            guard case .rejected(let code, let description) = door.disposition(i) else {
+                Issue.record("verification \(i): \(String(describing: door.disposition(i)))")
+                continue
+            }
+            #expect(code == "invalid_state")
+            #expect(!description.contains("asked-of"))
+        }
+        #expect(world.ledger.event("v-unknown") == nil && world.ledger.event("v-other-issuer") == nil)
+        #expect(world.ledger.rejections.map(\.code) == ["invalid_state", "invalid_state"])
+        #expect(try await world.ledger.verificationArrival(issuer: Self.issuerA, state: "asked-of-a") != nil)
+        #expect(try await world.ledger.verificationArrival(issuer: Self.issuerB, state: "asked-of-b") == nil)
+        world.stop.stop()
+        door.continuation.finish()
+        await running.value
+    }
+
     // A door that answers at persistence (push) hears of its event once it is claimed with its
     // plan, while its steps still run; a pushed token whose keys cannot be had is answered at
     // once (try again later), and waits nowhere.

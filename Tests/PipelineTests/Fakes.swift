@@ -19,6 +19,9 @@ final class MemoryLedger: Ledger {
         var steps: [OutboxStep]
         var leaseOwner: String? = nil
         var leaseUntil: Double = 0
+        var token: [UInt8] = []
+        var source = ""
+        var receivedAt: Double = 0
     }
 
     struct State {
@@ -26,6 +29,8 @@ final class MemoryLedger: Ledger {
         var rejections: [Rejection] = []
         var unavailableWrites = 0
         var refusedJTIs: Set<String> = []
+        /// Verification states asked for, by issuer and state, with when each arrived.
+        var verifications: [String: Double?] = [:]
         var writes = 0
         /// How many entries each `record(_:)` call held (the intake's writes).
         var intakeWrites: [Int] = []
@@ -58,7 +63,8 @@ final class MemoryLedger: Ledger {
             return .duplicate(eventID: existing.id)
         }
         let id = Int64(s.events.count + 1)
-        s.events.append(Event(id: id, issuer: event.issuer, jti: event.jti, outcome: outcome, steps: steps))
+        s.events.append(Event(id: id, issuer: event.issuer, jti: event.jti, outcome: outcome, steps: steps, token: event.tokenBytes,
+                              source: event.source, receivedAt: event.receivedAt))
         return .new(eventID: id)
     }
 
@@ -128,6 +134,31 @@ final class MemoryLedger: Ledger {
                 return nil
             }
         })
+    }
+
+    func pendingEvents(receivedBefore: Double, afterID: Int64, limit: Int) async throws(LedgerError) -> [PendingEvent] {
+        state.withLock { s in
+            s.events.filter { e in e.id > afterID && e.receivedAt < receivedBefore && e.steps.contains { $0.status == .pending } }
+                .prefix(limit).map { PendingEvent(id: $0.id, token: $0.token, source: $0.source, receivedAt: $0.receivedAt) }
+        }
+    }
+
+    func requestVerification(issuer: String, state: String, at time: Double) async throws(LedgerError) {
+        try write { (s: inout State) throws(LedgerError) in
+            if s.verifications[issuer + "\n" + state] == nil { s.verifications[issuer + "\n" + state] = .some(nil) }
+        }
+    }
+
+    func verificationArrived(issuer: String, state: String, at time: Double) async throws(LedgerError) -> Bool {
+        try write { (s: inout State) throws(LedgerError) -> Bool in
+            guard let arrived = s.verifications[issuer + "\n" + state] else { return false }
+            s.verifications[issuer + "\n" + state] = .some(arrived ?? time)
+            return true
+        }
+    }
+
+    func verificationArrival(issuer: String, state: String) async throws(LedgerError) -> Double? {
+        self.state.withLock { $0.verifications[issuer + "\n" + state] ?? nil }
     }
 
     func lease(event eventID: Int64, owner: String, seconds: Double) async throws(LedgerError) -> Bool {

@@ -19,7 +19,7 @@ struct PushReceiverTests {
         let config: URL
         var ledgerPath: String { directory.appendingPathComponent("ledger.sqlite").path }
 
-        init(keySource: String = "jwks-file: jwks.json", bearerTokens: Bool = true) throws {
+        init(keySource: String = "jwks-file: jwks.json", bearerTokens: Bool = true, extra: String = "") throws {
             directory = try WorkerTests.keyFolder()
             // CRLF and a blank line: neither is part of a token.
             try "\(PushReceiverTests.bearer)\r\n\r\nanother-token\n".write(to: directory.appendingPathComponent("push-tokens"),
@@ -35,6 +35,7 @@ struct PushReceiverTests {
             http:
               listen: 127.0.0.1:0
             ledger: sqlite:ledger.sqlite
+            \(extra)
             """.write(to: config, atomically: true, encoding: .utf8)
         }
 
@@ -154,13 +155,163 @@ struct PushReceiverTests {
         #expect(await worker.terminate() == 0)
     }
 
-    @Test func aReceiverWithAKafkaSectionIsRefusedAtStartNotIgnored() async throws {
-        let setup = try Setup()
+    /// The topic's messages, read by an independent client (kcat): key, headers, value.
+    static func topicMessages(_ brokers: String, _ topic: String = "security-events") async throws -> [(key: String, headers: [String: String], value: String)] {
+        let read = try await runToEnd(URL(fileURLWithPath: "/usr/bin/kcat"),
+                                      ["-C", "-b", brokers, "-t", topic, "-e", "-q", "-f", "%k\t%h\t%s\n"])
+        #expect(read.status == 0, "kcat failed: \(read.stderr)")
+        return read.stdout.split(separator: "\n").map { line in
+            let parts = line.split(separator: "\t", maxSplits: 2, omittingEmptySubsequences: false).map(String.init)
+            var headers: [String: String] = [:]
+            for pair in parts[1].split(separator: ",") {
+                let nameValue = pair.split(separator: "=", maxSplits: 1).map(String.init)
+                headers[nameValue[0]] = nameValue.count > 1 ? nameValue[1] : ""
+            }
+            return (parts[0], headers, parts[2])
+        }
+    }
+
+    /// With `kafka:`, a pushed SET is verified, produced to the topic and answered 202 once the
+    /// cluster has it; the worker side then records it as any message of the topic.
+    @Test func withKafkaAPushedSetIsAnswered202OnceOnTheTopicAndTheWorkerRecordsIt() async throws {
+        let setup = try WorkerTests.Setup(extra: """
+            receiver:
+              listen: 127.0.0.1:0
+            """)
         defer { setup.cleanUp() }
-        let text = try String(contentsOf: setup.config, encoding: .utf8) + "\nkafka:\n  brokers: embedded\n"
+        let worker = try WorkerProcess(config: setup.config)
+        let port = try await worker.announcedPort("receiver")
+        let brokers = setup.cluster.bootstrapServers
+
+        let token = try WorkerTests.token(subject: "user-k")
+        #expect(try await Self.send(port, token + "\n", bearer: nil).status == 202)
+        // On the topic by the time the answer came.
+        let first = try await Self.topicMessages(brokers)
+        #expect(first.count == 1)
+        #expect(first.first?.value == token)
+        #expect(first.first?.headers["content-type"] == "application/secevent+jwt")
+        #expect(first.first?.headers["source"] == "push")
+        let rfc3339 = ISO8601DateFormatter()
+        rfc3339.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
+        #expect(first.first?.headers["received-at"].flatMap { rfc3339.date(from: $0) } != nil)
+        // The key: a stable hash of issuer and subject, the same for the subject's next event,
+        // another for another subject; it names neither.
+        #expect(try await Self.send(port, try WorkerTests.token(subject: "user-k"), bearer: nil).status == 202)
+        #expect(try await Self.send(port, try WorkerTests.token(subject: "user-l"), bearer: nil).status == 202)
+        let keys = try await Self.topicMessages(brokers).map(\.key)
+        #expect(keys.count == 3)
+        #expect(keys[0] == keys[1] && keys[0] != keys[2] && !keys[0].isEmpty)
+        #expect(!keys[0].contains("user-k"))
+
+        // The worker side records them from the topic.
+        try await WorkerTests.waitFor("the pushed events recorded by the worker") {
+            try SQLiteLedgerReader(path: setup.ledgerPath).events().count == 3
+        }
+        let events = try SQLiteLedgerReader(path: setup.ledgerPath).events()
+        #expect(events.allSatisfy { $0.source.hasPrefix("kafka:security-events/") })
+
+        // A duplicate: 202 again (the worker finds it known); a forged SET: 400, kept in the
+        // ledger as a pushed rejection, and never on the topic.
+        #expect(try await Self.send(port, token, bearer: nil).status == 202)
+        let forged = try await Self.send(port, try WorkerTests.token(subject: "user-k", key: WorkerTests.impostor), bearer: nil)
+        #expect(forged.status == 400)
+        #expect(forged.body.contains("\"err\":\"invalid_key\""))
+        #expect(try await Self.topicMessages(brokers).count == 4)
+        try await WorkerTests.waitFor("the duplicate recorded") {
+            try SQLiteLedgerReader(path: setup.ledgerPath).deliveries().contains { $0.verdict == "duplicate" }
+        }
+        let rejections = try SQLiteLedgerReader(path: setup.ledgerPath).deliveries().filter { $0.verdict == "invalid" }
+        #expect(rejections.map(\.source) == ["push"])
+        #expect(try SQLiteLedgerReader(path: setup.ledgerPath).events().count == 3)
+        #expect(await worker.terminate() == 0)
+    }
+
+    /// A cluster that cannot be reached: the sender hears 503 with Retry-After within the
+    /// producer's delivery timeout, and nothing is recorded.
+    @Test func withKafkaUnreachableAPushIsAnswered503() async throws {
+        let setup = try Setup(bearerTokens: false, extra: """
+            kafka:
+              brokers: 127.0.0.1:\(try freeLoopbackPort())
+              properties: {message.timeout.ms: "1500"}
+            """)
+        defer { setup.cleanUp() }
+        let worker = try WorkerProcess(config: setup.config)
+        let port = try await worker.announcedPort("receiver")
+        let answer = try await Self.send(port, try WorkerTests.token(subject: "user-m"), bearer: nil)
+        #expect(answer.status == 503)
+        #expect(answer.header("Retry-After") == "5")
+        #expect(await worker.terminate() == 0)
+    }
+
+    /// Each client address has its own rate: past its burst it hears 429 with Retry-After.
+    @Test func aClientOverItsRateIsAnswered429() async throws {
+        let setup = try Setup(bearerTokens: false)
+        defer { setup.cleanUp() }
+        let text = try String(contentsOf: setup.config, encoding: .utf8)
+            .replacingOccurrences(of: "max-body-bytes: 8KiB", with: "max-body-bytes: 8KiB\n  rate-limit: {per-second: 1, burst: 3}")
         try text.write(to: setup.config, atomically: true, encoding: .utf8)
-        let result = try await Warden.run(["run", "--config", setup.config.path])
-        #expect(result.status == 2)
-        #expect(result.stderr.contains("receiver"))
+        let worker = try WorkerProcess(config: setup.config)
+        let port = try await worker.announcedPort("receiver")
+        let httpPort = try await worker.httpPort()
+        var statuses: [Int] = []
+        for i in 0..<5 { statuses.append(try await Self.send(port, try WorkerTests.token(subject: "rate-\(i)"), bearer: nil).status) }
+        #expect(statuses.prefix(3).allSatisfy { $0 == 202 })
+        #expect(statuses.suffix(2).contains(429))
+        let limited = try await Self.send(port, "x", bearer: nil)
+        #expect(limited.status == 429)
+        #expect(Int(limited.header("Retry-After") ?? "") ?? 0 >= 1)
+        let (ready, readiness) = try await WorkerTests.httpGet(httpPort, "/readyz")
+        #expect(ready == 200, "\(readiness)")
+        #expect(await worker.terminate() == 0)
+    }
+
+    /// No sender delivers a pushed SET again once it got its 202: steps a killed process left
+    /// pending are resumed by the next start, the ones recorded done are not run again.
+    @Test func stepsLeftPendingByAKillAreResumedAtTheNextStart() async throws {
+        let redis = try await RedisServer()
+        let hooks = try await KeyServer.start()
+        hooks.serve("/hook", .init(body: "", status: 503))  // down until the test says otherwise
+        let setup = try Setup(bearerTokens: false, extra: """
+            targets:
+              sessions: {redis: "redis://127.0.0.1:\(redis.port)/0"}
+              app: {webhook: {url: "\(hooks.url("/hook"))", hmac-secret: test-secret}}
+            policy:
+              sessions-revoked:
+                - set-flag: {target: sessions, key: "step-one:{user}", value: "{jti}"}
+                - notify: {target: app}
+            """)
+        defer { setup.cleanUp() }
+        let jti = "pushed-then-killed"
+        let first = try WorkerProcess(config: setup.config)
+        let port = try await first.announcedPort("receiver")
+        let token = try SETMinter.token(claims: SETMinter.riscClaims(issuer: WorkerTests.issuer, audience: WorkerTests.audience,
+                                                                     event: .sessionsRevoked, subject: "u9", jti: jti),
+                                        key: WorkerTests.ec)
+        #expect(try await Self.send(port, token, bearer: nil).status == 202)
+        try await WorkerTests.waitFor("step one done, step two retried") {
+            let reader = try SQLiteLedgerReader(path: setup.ledgerPath)
+            guard let event = try reader.events().first else { return false }
+            return try reader.steps(ofEvent: event.id).map(\.status) == [.done, .pending] && hooks.requests("/hook") >= 2
+        }
+        #expect(try await redis.cli(["GET", "step-one:u9"]) == jti)
+        await first.kill()
+
+        // If step one ran again, this key would come back.
+        _ = try await redis.cli(["DEL", "step-one:u9"])
+        hooks.serve("/hook", .init(body: "", status: 200))
+        let failingCalls = hooks.requests("/hook")
+        let second = try WorkerProcess(config: setup.config)
+        _ = try await second.announcedPort("receiver")
+        try await WorkerTests.waitFor("the event processed after the restart, with nothing pushed again") {
+            try SQLiteLedgerReader(path: setup.ledgerPath).events().first?.outcome == "processed"
+        }
+        #expect(hooks.requests("/hook") == failingCalls + 1)  // step two: once, after the restart
+        #expect(try await redis.cli(["EXISTS", "step-one:u9"]) == "0")  // step one: not again
+        let reader = try SQLiteLedgerReader(path: setup.ledgerPath)
+        #expect(try reader.events().count == 1)
+        #expect(try reader.deliveries().map(\.source) == ["resume"])
+        let metrics = try await WorkerTests.httpGet(try await second.httpPort(), "/metrics").1
+        #expect(metrics.contains("warden_events_resumed_total 1"))
+        #expect(await second.terminate() == 0)
     }
 }

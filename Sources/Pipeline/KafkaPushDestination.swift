@@ -1,0 +1,86 @@
+import Foundation
+public import Kafka
+import Ledger
+import SecurityEvents
+
+/// Pushed SETs onto the topic the workers read (`warden run` with both `receiver:` and
+/// `kafka:`). Each is verified first: one that fails is answered `400` and kept in the ledger as
+/// a rejection (it never reaches the topic). A valid one is produced as the Kafka message
+/// contract says — value the SET, headers `content-type`, `source: push` and `received-at`, key
+/// a stable hash of its issuer and subject, so one subject's events keep their order — and
+/// answered `202` only once the cluster confirms delivery. Keys or a cluster that cannot be had:
+/// `503`, and the sender tries again. A duplicate is produced again and answered `202`; the
+/// worker that reads it finds it known.
+public struct KafkaPushDestination: PushDestination {
+    let processor: EventProcessor
+    let producer: KafkaProducer
+    let topic: String
+
+    /// The header that tells where a message on the topic came from.
+    public static let sourceHeader = "source"
+
+    public init(processor: EventProcessor, producer: KafkaProducer, topic: String) {
+        self.processor = processor
+        self.producer = producer
+        self.topic = topic
+    }
+
+    public func persist(_ message: IntakeMessage) async -> PushOutcome {
+        guard let checked = await processor.check([IntakeRecord(message, acknowledgement: Unanswered())]).first else {
+            return .unavailable
+        }
+        switch checked.result {
+        case .failure(let error) where error.isRetryable:
+            return .unavailable
+        case .failure(let error):
+            let code = error.reportedCode
+            processor.metrics.verifyFailure(code)
+            processor.logger.warning("pushed token refused", metadata: [
+                "warden.source": "push", "warden.err": "\(code)", "warden.reason": "\(error.description)",
+                "warden.token": "\(TokenDigest.short(message.value))",
+            ])
+            let rejection = Rejection(token: message.value, source: message.source, code: code, description: error.description,
+                                      receivedAt: message.receivedAt)
+            if case .stopped = await processor.attempting("ledger", { try await processor.ledger.recordRejection(rejection) }) {
+                return .unavailable
+            }
+            return .refused(code: code)
+        case .success(let verified):
+            let token = verified.set.token
+            let headers = [
+                KafkaHeader("content-type", "application/secevent+jwt"),
+                KafkaHeader(Self.sourceHeader, "push"),
+                KafkaHeader("received-at", Self.timestamp(message.receivedAt)),
+            ]
+            do {
+                _ = try await producer.send(topic: topic, key: Array(Self.key(token).utf8),
+                                            value: Array(trimmedASCIIWhitespace(message.value)), headers: headers)
+                return .accepted
+            } catch {
+                processor.metrics.counter("warden_push_produce_failures_total").increment()
+                processor.logger.warning("pushed token not produced; its sender is told to try again", metadata: [
+                    "warden.topic": "\(topic)", "warden.reason": "\(error.description)", "warden.jti": "\(token.jti)",
+                ])
+                return .unavailable
+            }
+        }
+    }
+
+    /// The message key: a stable hash of the token's issuer and subject (its lane).
+    static func key(_ token: SecurityEventToken) -> String {
+        TokenFingerprint.fingerprint(Array(token.laneKey.utf8))
+    }
+
+    /// RFC 3339, UTC, with milliseconds.
+    static func timestamp(_ seconds: Double) -> String {
+        let formatter = ISO8601DateFormatter()
+        formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
+        return formatter.string(from: Date(timeIntervalSince1970: seconds))
+    }
+}
+
+/// A record verified outside the stages (a push checked before it is produced): nobody hears
+/// of it through an acknowledgement.
+struct Unanswered: Acknowledgement {
+    func settle(_ disposition: Disposition) {}
+}
