@@ -137,12 +137,25 @@ let package = Package(
             ],
             swiftSettings: strict
         ),
+        // Managing an issuer's stream at its transmitter (Google's RISC API, SSF 1.0) and the
+        // credentials those calls carry.
+        .target(
+            name: "StreamManagement",
+            dependencies: [
+                "SecurityEvents", "SETMinting", "HTTPExchange",
+                .product(name: "_CryptoExtras", package: "swift-crypto"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+            ],
+            swiftSettings: strict
+        ),
         .target(
             name: "WardenCLI",
             dependencies: [
                 "SecurityEvents",
                 "TokenVerification",
-                "Kafka", "Ledger", "Pipeline", "Invalidation", "Redis",
+                "Kafka", "Ledger", "Pipeline", "Invalidation", "Redis", "StreamManagement", "SETMinting",
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -244,6 +257,12 @@ let package = Package(
             dependencies: ["Pipeline", "Kafka", "Ledger", "TokenVerification", "Invalidation", "SETMinting", "SecurityEvents",
                            "WardenTestSupport",
                            .product(name: "Logging", package: "swift-log"), .product(name: "Metrics", package: "swift-metrics")],
+            swiftSettings: testSettings
+        ),
+        .testTarget(
+            name: "StreamManagementTests",
+            dependencies: ["StreamManagement", "SecurityEvents", "SETMinting", "WardenTestSupport",
+                           .product(name: "AsyncHTTPClient", package: "async-http-client")],
             swiftSettings: testSettings
         ),
         .testTarget(

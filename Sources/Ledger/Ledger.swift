@@ -36,6 +36,10 @@ public protocol Ledger: Sendable {
     func verificationArrived(issuer: String, state: String, at time: Double) async throws(LedgerError) -> Bool
     /// When the verification asked with `state` arrived; nil while it has not (or was never asked).
     func verificationArrival(issuer: String, state: String) async throws(LedgerError) -> Double?
+    /// The id of the SSF stream `warden stream create` made for `issuer`, if any.
+    func streamID(issuer: String) async throws(LedgerError) -> String?
+    /// Keeps (or, with nil, forgets) the id of `issuer`'s stream.
+    func keepStreamID(_ id: String?, issuer: String) async throws(LedgerError)
     /// Records a message that failed verification (it has no issuer or jti to trust).
     func recordRejection(_ rejection: Rejection) async throws(LedgerError)
     /// Claims and rejections in one atomic write, in order: all are recorded or none. Returns the

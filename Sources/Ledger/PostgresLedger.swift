@@ -112,6 +112,7 @@ public final class PostgresLedger: Ledger {
                 PRIMARY KEY (issuer, state)
             )
             """,
+            "CREATE TABLE streams (issuer TEXT PRIMARY KEY, stream_id TEXT NOT NULL, updated_at DOUBLE PRECISION NOT NULL)",
         ]),
     ]
 
@@ -323,6 +324,28 @@ public final class PostgresLedger: Ledger {
                 SELECT arrived_at FROM verifications WHERE issuer = \(storable(issuer)) AND state = \(storable(state))
                 """, logger: self.logger).decode(Double?.self) { arrived = value }
             return arrived
+        }
+    }
+
+    public func streamID(issuer: String) async throws(LedgerError) -> String? {
+        try await transaction("read the stream id") { connection in
+            var id: String? = nil
+            for try await value in try await connection.query("SELECT stream_id FROM streams WHERE issuer = \(storable(issuer))",
+                                                              logger: self.logger).decode(String.self) { id = value }
+            return id
+        }
+    }
+
+    public func keepStreamID(_ id: String?, issuer: String) async throws(LedgerError) {
+        _ = try await transaction("keep the stream id") { connection in
+            if let id {
+                try await connection.query("""
+                    INSERT INTO streams (issuer, stream_id, updated_at) VALUES (\(storable(issuer)), \(storable(id)), \(Date().timeIntervalSince1970))
+                    ON CONFLICT (issuer) DO UPDATE SET stream_id = excluded.stream_id, updated_at = excluded.updated_at
+                    """, logger: self.logger)
+            } else {
+                try await connection.query("DELETE FROM streams WHERE issuer = \(storable(issuer))", logger: self.logger)
+            }
         }
     }
 

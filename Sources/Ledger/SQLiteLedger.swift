@@ -147,7 +147,8 @@ public final class SQLiteLedger: Ledger {
                 );
                 """)
         }
-        // States of the verification events asked for, and when each arrived.
+        // States of the verification events asked for, and when each arrived; the ids of the
+        // streams made at transmitters.
         migrator.registerMigration("v5-verifications") { db in
             try db.execute(sql: """
                 CREATE TABLE verifications (
@@ -157,6 +158,11 @@ public final class SQLiteLedger: Ledger {
                     arrived_at REAL,
                     PRIMARY KEY (issuer, state)
                 ) WITHOUT ROWID;
+                CREATE TABLE streams (
+                    issuer TEXT PRIMARY KEY,
+                    stream_id TEXT NOT NULL,
+                    updated_at REAL NOT NULL
+                );
                 """)
         }
         return migrator
@@ -376,6 +382,23 @@ public final class SQLiteLedger: Ledger {
     public func verificationArrival(issuer: String, state: String) async throws(LedgerError) -> Double? {
         try await writer.submit { db in
             try Double.fetchOne(db, sql: "SELECT arrived_at FROM verifications WHERE issuer = ? AND state = ?", arguments: [issuer, state])
+        }
+    }
+
+    public func streamID(issuer: String) async throws(LedgerError) -> String? {
+        try await writer.submit { db in try String.fetchOne(db, sql: "SELECT stream_id FROM streams WHERE issuer = ?", arguments: [issuer]) }
+    }
+
+    public func keepStreamID(_ id: String?, issuer: String) async throws(LedgerError) {
+        try await writer.submit(urgent: true) { db in
+            if let id {
+                try db.execute(sql: """
+                    INSERT INTO streams (issuer, stream_id, updated_at) VALUES (?, ?, ?)
+                    ON CONFLICT (issuer) DO UPDATE SET stream_id = excluded.stream_id, updated_at = excluded.updated_at
+                    """, arguments: [issuer, id, Date().timeIntervalSince1970])
+            } else {
+                try db.execute(sql: "DELETE FROM streams WHERE issuer = ?", arguments: [issuer])
+            }
         }
     }
 

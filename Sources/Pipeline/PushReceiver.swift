@@ -168,7 +168,7 @@ public struct PushReceiver: Sendable {
 
     /// What a sender is told about a refusal: the meaning of its RFC 8935 code, nothing of
     /// this receiver's configuration.
-    static func publicDescription(_ code: String) -> String {
+    public static func publicDescription(_ code: String) -> String {
         switch code {
         case "invalid_request": "the body is not a well-formed, valid Security Event Token"
         case "invalid_key": "the SET's signature cannot be verified with its issuer's published keys"

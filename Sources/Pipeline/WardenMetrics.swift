@@ -30,7 +30,7 @@ public final class WardenMetrics: Sendable {
     /// durable within 20 ms of the target's answer.
     public static let stepRecordBuckets: [Duration] = [1, 2, 5, 10, 20, 50, 100, 250, 1000].map { .milliseconds($0) }
 
-    func counter(_ name: String, _ dimensions: [(String, String)] = []) -> Counter {
+    public func counter(_ name: String, _ dimensions: [(String, String)] = []) -> Counter {
         counters.get(name, dimensions) { Counter(label: name, dimensions: dimensions, factory: factory) }
     }
 
@@ -38,7 +38,7 @@ public final class WardenMetrics: Sendable {
         gauges.get(name, dimensions) { Gauge(label: name, dimensions: dimensions, factory: factory) }
     }
 
-    func received(source: String, count: Int = 1) {
+    public func received(source: String, count: Int = 1) {
         (source == "kafka" ? receivedFromKafka : counter("warden_events_received_total", [("source", source)])).increment(by: count)
     }
     func outcome(_ outcome: String, count: Int = 1) {

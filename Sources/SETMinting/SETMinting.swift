@@ -78,6 +78,24 @@ public struct SigningKey: Sendable {
                 "y": .string(Base64URL.encode(Array(bytes[half...])))]
     }
 
+    /// An RSA key's private key as PKCS#8 PEM (`-----BEGIN PRIVATE KEY-----`), as a Google
+    /// service-account key file holds it; nil for other keys.
+    public var privateKeyPEM: String? {
+        guard case .rsa(let key) = material else { return nil }
+        return key.pkcs8PEMRepresentation
+    }
+
+    /// Whether `compact` carries a valid RS256 signature by this (RSA) key: for tests of what
+    /// Warden signs.
+    public func verifies(_ compact: String) -> Bool {
+        guard case .rsa(let key) = material else { return false }
+        let parts = compact.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count == 3, let signature = Base64URL.decode(String(parts[2])) else { return false }
+        let input = Array((parts[0] + "." + parts[1]).utf8)
+        return key.publicKey.isValidSignature(_RSA.Signing.RSASignature(rawRepresentation: signature), for: SHA256.hash(data: input),
+                                              padding: .insecurePKCS1v1_5)
+    }
+
     /// Signs the JWS signing input.
     public func sign(_ input: [UInt8]) throws -> [UInt8] {
         switch material {

@@ -11,6 +11,7 @@ import Prometheus
 import Hummingbird
 import ServiceLifecycle
 import Synchronization
+import StreamManagement
 import TokenVerification
 
 extension WardenCommand {
@@ -33,8 +34,8 @@ extension WardenCommand {
             let configuration: WardenConfiguration
             do {
                 configuration = try WardenConfiguration.load(path: config)
-                guard configuration.kafka != nil || configuration.receiver != nil else {
-                    throw ConfigError(path: "kafka", "or receiver is required by warden run (where SETs come from)")
+                guard configuration.kafka != nil || configuration.receiver != nil || !configuration.pollStreams.isEmpty else {
+                    throw ConfigError(path: "kafka", "or receiver, or a stream polled (delivery: {method: poll}), is required by warden run (where SETs come from)")
                 }
                 guard configuration.ledger != nil else { throw ConfigError(path: "ledger", "is required by warden run (e.g. sqlite:///var/lib/warden/ledger.sqlite)") }
             } catch {
@@ -136,7 +137,7 @@ struct Worker {
             intake = KafkaIntake(consumer: consumer, processor: processor, metrics: metrics, logger: logger)
             intakeChecks = [.init("kafka") { consumer.hasJoinedGroup }]
             closers = [.init(service: CloseOnShutdown { producer.close() })]
-            if configuration.receiver != nil {
+            if configuration.receiver != nil || !configuration.pollStreams.isEmpty {
                 // A producer of its own for pushed SETs: a sender waits for its answer, so a
                 // cluster that cannot be reached is a 503 within seconds, not librdkafka's
                 // five-minute delivery timeout.
@@ -156,6 +157,14 @@ struct Worker {
             let ledgerDestination = LedgerPushDestination()
             intake = PushIntake(destination: ledgerDestination, pipeline: EventPipeline(processor: processor))
             destination = ledgerDestination
+        }
+        var pollServices: [any Service] = []
+        if let destination {
+            for stream in configuration.pollStreams {
+                pollServices.append(PollService(stream: stream, client: client, ledger: ledger, destination: destination,
+                                                metrics: metrics, logger: logger))
+                announce("polling: \(stream.issuer) (\(stream.settings.api.rawValue) stream)")
+            }
         }
         var receiverService: (any Service)? = nil
         var receiverRoutes: (Router<WardenRequestContext>) -> Void = { _ in }
@@ -218,7 +227,7 @@ struct Worker {
                       failureTerminationBehavior: .gracefullyShutdownGroup),
                 // Last, so it stops first: it answers the requests under way while the intake
                 // behind it still runs.
-            ] + [receiverService].compactMap { $0.map { .init(service: $0) } },
+            ] + (pollServices + [receiverService].compactMap { $0 }).map { .init(service: $0) },
             gracefulShutdownSignals: [.sigterm, .sigint],
             logger: logger))
     }
@@ -280,5 +289,61 @@ struct KeyPreload: Service {
             }
         }
         try? await gracefulShutdown()
+    }
+}
+
+/// The RFC 8936 poll door for one issuer's stream (`delivery: {method: poll}`): polls its
+/// transmitter and hands each SET to the same destination as a pushed one (the ledger, or the
+/// Kafka topic). On graceful shutdown the long poll under way is cancelled and what was persisted
+/// is acknowledged in one last request.
+struct PollService: Service {
+    let stream: StreamConfiguration
+    let client: HTTPClient
+    let ledger: any Ledger
+    let destination: any PushDestination
+    let metrics: WardenMetrics
+    let logger: Logger
+
+    func run() async {
+        let credentials = stream.makeCredentials(http: client)
+        let poller = Mutex<PollClient?>(nil)
+        await cancelWhenGracefulShutdown {
+            guard let endpoint = await resolveEndpoint() else { return }
+            logger.info("polling the stream", metadata: ["warden.iss": "\(stream.issuer)", "warden.endpoint": "\(endpoint)"])
+            let issuer = stream.issuer, metrics = self.metrics, destination = self.destination
+            let client = PollClient(
+                settings: .init(endpoint: endpoint), credentials: credentials, http: self.client, logger: logger,
+                observe: { status in metrics.counter("warden_poll_requests_total", [("issuer", issuer), ("status", status)]).increment() }
+            ) { token in
+                metrics.received(source: "poll")
+                switch await destination.persist(IntakeMessage(value: token, source: "poll", receivedAt: Date().timeIntervalSince1970)) {
+                case .accepted: return .persisted
+                case .refused(let code): return .refused(code: code, description: PushReceiver.publicDescription(code))
+                case .unavailable: return .notNow
+                }
+            }
+            poller.withLock { $0 = client }
+            await client.poll()
+        }
+        await poller.withLock { $0 }?.flush()
+    }
+
+    /// The poll endpoint: configured, or the one the transmitter gave the stream (asked again
+    /// after a failure, until it answers or the process stops).
+    private func resolveEndpoint() async -> String? {
+        if case .poll(let configured?)? = stream.settings.delivery { return configured }
+        let manager = WardenCommand.Stream.manager(stream, client: client, ledger: ledger, timeout: 30)
+        while !Task.isCancelled {
+            do {
+                guard let ssf = manager as? SSFStream else { return nil }
+                return try await ssf.pollEndpoint()
+            } catch {
+                logger.warning("cannot find the stream's poll endpoint; will retry", metadata: [
+                    "warden.iss": "\(stream.issuer)", "warden.reason": "\(error)",
+                ])
+                try? await Task.sleep(for: .seconds(5))
+            }
+        }
+        return nil
     }
 }

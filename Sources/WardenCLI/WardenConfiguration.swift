@@ -16,6 +16,13 @@ public struct WardenConfiguration: Sendable {
     public var ledger: LedgerLocation?
     /// `targets:`, `token-stores:`, `subjects:`, `policy:`.
     public var invalidation: InvalidationConfiguration
+    /// Issuers' `stream:` sections, in the issuers' order.
+    public var streams: [StreamConfiguration] = []
+
+    /// The streams `warden run` polls (`delivery: {method: poll}`).
+    public var pollStreams: [StreamConfiguration] {
+        streams.filter { if case .poll? = $0.settings.delivery { true } else { false } }
+    }
 
     /// Top-level sections of the product's configuration. Sections other parts of Warden read
     /// are accepted here and validated by those parts.
@@ -23,7 +30,7 @@ public struct WardenConfiguration: Sendable {
                                "targets", "token-stores", "policy", "poll", "logging"]
     static let issuerKeys = ["issuer", "discovery", "jwks-uri", "jwks_uri", "jwks-file", "audiences", "algorithms",
                              "profile", "fetch-timeout", "clock-skew", "max-age", "key-refresh-cooldown",
-                             "key-retry-interval", "max-key-staleness", "min-key-lifetime", "max-key-lifetime"]
+                             "key-retry-interval", "max-key-staleness", "min-key-lifetime", "max-key-lifetime", "stream"]
 
     public static func load(path: String, environment: [String: String] = ProcessInfo.processInfo.environment)
         throws(ConfigError) -> WardenConfiguration
@@ -44,6 +51,7 @@ public struct WardenConfiguration: Sendable {
         try root.requireOnly(topLevelKeys)
 
         var issuers: [IssuerPolicy] = []
+        var streams: [StreamConfiguration] = []
         let issuerReaders = try root.child("issuers").list()
         if issuerReaders.isEmpty { throw root.child("issuers").error("at least one issuer is required") }
         for reader in issuerReaders {
@@ -52,13 +60,14 @@ public struct WardenConfiguration: Sendable {
                 throw reader.child("issuer").error("the issuer \"\(policy.issuer)\" is configured twice")
             }
             issuers.append(policy)
+            if let stream = try StreamConfiguration.parse(reader.child("stream"), issuer: policy.issuer) { streams.append(stream) }
         }
         let maximum = try root.child("max-token-size").byteSize() ?? SETVerifier.defaultMaximumTokenBytes
         return WardenConfiguration(
             issuers: issuers, maximumTokenBytes: maximum, kafka: try KafkaSettings.parse(root.child("kafka")),
             http: try HTTPSettings.parse(root.child("http")), receiver: try ReceiverSettings.parse(root.child("receiver")),
             ledger: root.child("ledger").isPresent ? try LedgerLocation.parse(root.child("ledger")) : nil,
-            invalidation: try InvalidationConfiguration.parse(root))
+            invalidation: try InvalidationConfiguration.parse(root), streams: streams)
     }
 
     static func issuer(_ r: ConfigReader) throws(ConfigError) -> IssuerPolicy {

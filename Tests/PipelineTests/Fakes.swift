@@ -31,6 +31,7 @@ final class MemoryLedger: Ledger {
         var refusedJTIs: Set<String> = []
         /// Verification states asked for, by issuer and state, with when each arrived.
         var verifications: [String: Double?] = [:]
+        var streams: [String: String] = [:]
         var writes = 0
         /// How many entries each `record(_:)` call held (the intake's writes).
         var intakeWrites: [Int] = []
@@ -159,6 +160,12 @@ final class MemoryLedger: Ledger {
 
     func verificationArrival(issuer: String, state: String) async throws(LedgerError) -> Double? {
         self.state.withLock { $0.verifications[issuer + "\n" + state] ?? nil }
+    }
+
+    func streamID(issuer: String) async throws(LedgerError) -> String? { state.withLock { $0.streams[issuer] } }
+
+    func keepStreamID(_ id: String?, issuer: String) async throws(LedgerError) {
+        try write { (s: inout State) throws(LedgerError) in s.streams[issuer] = id }
     }
 
     func lease(event eventID: Int64, owner: String, seconds: Double) async throws(LedgerError) -> Bool {

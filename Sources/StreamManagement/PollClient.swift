@@ -1,0 +1,194 @@
+public import AsyncHTTPClient
+import Foundation
+import HTTPExchange
+public import Logging
+import NIOCore
+import NIOHTTP1
+import SecurityEvents
+import Synchronization
+
+/// What became of one polled SET.
+public enum PolledOutcome: Sendable, Equatable {
+    /// Persisted (or known already): acknowledged in the next request.
+    case persisted
+    /// It failed parsing or validation: reported in `setErrs` (RFC 8935 code and description).
+    case refused(code: String, description: String)
+    /// It cannot be persisted now: neither acknowledged nor reported; the transmitter sends it again.
+    case notNow
+}
+
+/// The RFC 8936 poll door: long polls with `maxEvents`, hands each SET to `persist`, and
+/// acknowledges in the next request only what was durably persisted (a redelivered SET again,
+/// every time), reporting invalid ones in `setErrs`. Loops at once while the transmitter says
+/// `moreAvailable`; backs off after failures, honouring `Retry-After` on 429 and 503.
+public final class PollClient: Sendable {
+    public struct Settings: Sendable {
+        public var endpoint: String
+        /// SETs asked for per request.
+        public var maximumEvents: Int
+        /// Seconds a request may take, a long poll's wait included.
+        public var requestTimeout: Double
+        /// Backoff bounds after a failed request.
+        public var initialBackoff: Double
+        public var maximumBackoff: Double
+        /// After an answer with no SETs and nothing to acknowledge: the pause before the next
+        /// request, so a transmitter that answers at once (no long poll) is not asked in a tight loop.
+        public var idlePause: Double
+
+        public init(endpoint: String, maximumEvents: Int = 100, requestTimeout: Double = 60, initialBackoff: Double = 1,
+                    maximumBackoff: Double = 60, idlePause: Double = 1) {
+            self.endpoint = endpoint
+            self.maximumEvents = max(1, maximumEvents)
+            self.requestTimeout = requestTimeout
+            self.initialBackoff = initialBackoff
+            self.maximumBackoff = maximumBackoff
+            self.idlePause = idlePause
+        }
+    }
+
+    /// Acknowledgements and errors not yet sent, kept across failed requests.
+    private struct Pending {
+        var acks: [String] = []
+        var errors: [(jti: String, code: String, description: String)] = []
+    }
+
+    let settings: Settings
+    let call: TransmitterCall
+    let persist: @Sendable ([UInt8]) async -> PolledOutcome
+    let logger: Logger
+    /// Told of each request's answer (`"200"`, `"429"`, `"error"`): a metric.
+    let observe: @Sendable (String) -> Void
+    private let pending = Mutex(Pending())
+
+    public init(settings: Settings, credentials: any StreamCredentials, http: HTTPClient, logger: Logger,
+                observe: @escaping @Sendable (String) -> Void = { _ in },
+                persist: @escaping @Sendable ([UInt8]) async -> PolledOutcome) {
+        self.settings = settings
+        self.call = TransmitterCall(http: http, credentials: credentials, timeout: settings.requestTimeout)
+        self.persist = persist
+        self.logger = logger
+        self.observe = observe
+    }
+
+    /// Polls until the task is cancelled; then `flush()` sends what is left to acknowledge.
+    public func poll() async {
+        var failures = 0
+        var immediately = false
+        while !Task.isCancelled {
+            switch await round(returnImmediately: immediately) {
+            case .more:
+                failures = 0
+                immediately = true
+            case .done:
+                failures = 0
+                immediately = false
+            case .idle:
+                failures = 0
+                immediately = false
+                try? await Task.sleep(for: .milliseconds(Int(settings.idlePause * 1000)))
+            case .failed(let wait):
+                failures += 1
+                immediately = false
+                let backoff = min(settings.maximumBackoff, settings.initialBackoff * pow(2, Double(min(failures - 1, 16))))
+                let seconds = max(wait ?? 0, backoff * Double.random(in: 0.5...1.0))
+                try? await Task.sleep(for: .milliseconds(Int(seconds * 1000)))
+            }
+        }
+    }
+
+    /// Sends the acknowledgements and errors still pending, asking for no SETs.
+    public func flush() async {
+        let (acks, errors) = pending.withLock { ($0.acks, $0.errors) }
+        guard !acks.isEmpty || !errors.isEmpty else { return }
+        _ = await request(maximumEvents: 0, returnImmediately: true, acks: acks, errors: errors)
+    }
+
+    enum Round { case more, done, idle, failed(retryAfter: Double?) }
+
+    /// One request: what is pending is acknowledged, and the SETs answered are persisted.
+    func round(returnImmediately: Bool) async -> Round {
+        let (acks, errors) = pending.withLock { ($0.acks, $0.errors) }
+        guard let sets = await request(maximumEvents: settings.maximumEvents, returnImmediately: returnImmediately,
+                                       acks: acks, errors: errors) else {
+            return .failed(retryAfter: lastRetryAfter.withLock { $0 })
+        }
+        guard case .object(let object) = sets else { return .failed(retryAfter: nil) }
+        let delivered = object["sets"]?.objectValue ?? [:]
+        let more = object["moreAvailable"]?.boolValue ?? false
+        // Each SET persisted at once; the acknowledgements go with the next request.
+        let outcomes = await withTaskGroup(of: (String, PolledOutcome).self) { group in
+            for (jti, value) in delivered {
+                guard let token = value.stringValue else {
+                    group.addTask { (jti, .refused(code: "invalid_request", description: "the value is not a compact SET string")) }
+                    continue
+                }
+                group.addTask { (jti, await self.persist(Array(token.utf8))) }
+            }
+            var outcomes: [(String, PolledOutcome)] = []
+            for await outcome in group { outcomes.append(outcome) }
+            return outcomes
+        }
+        pending.withLock { p in
+            for (jti, outcome) in outcomes {
+                switch outcome {
+                case .persisted: p.acks.append(jti)
+                case .refused(let code, let description): p.errors.append((jti, code, description))
+                case .notNow: break
+                }
+            }
+        }
+        let notNow = outcomes.filter { $0.1 == .notNow }.count
+        if notNow > 0 {
+            logger.warning("polled SETs not persisted now; the transmitter sends them again", metadata: ["warden.sets": "\(notNow)"])
+            return .failed(retryAfter: nil)
+        }
+        if more { return .more }
+        // Nothing came and nothing waits to be acknowledged: pause before asking again.
+        return delivered.count == 0 && pending.withLock({ $0.acks.isEmpty && $0.errors.isEmpty }) ? .idle : .done
+    }
+
+    private let lastRetryAfter = Mutex<Double?>(nil)
+
+    /// Sends one poll request; the answer's JSON, or nil when it failed (logged, counted). What
+    /// was acknowledged is no longer pending once the transmitter answered 200.
+    private func request(maximumEvents: Int, returnImmediately: Bool, acks: [String],
+                         errors: [(jti: String, code: String, description: String)]) async -> JSONValue? {
+        var body: JSONObject = ["maxEvents": .number(Double(maximumEvents)), "returnImmediately": .bool(returnImmediately)]
+        if !acks.isEmpty { body["ack"] = .array(acks.map { .string($0) }) }
+        if !errors.isEmpty {
+            var setErrs = JSONObject()
+            for error in errors { setErrs[error.jti] = .object(["err": .string(error.code), "description": .string(error.description)]) }
+            body["setErrs"] = .object(setErrs)
+        }
+        lastRetryAfter.withLock { $0 = nil }
+        let answer: TransmitterCall.Answer
+        do {
+            answer = try await call.send("poll", .POST, settings.endpoint, json: .object(body))
+        } catch {
+            observe("error")
+            if !Task.isCancelled {
+                logger.warning("poll request failed; will retry", metadata: ["warden.endpoint": "\(settings.endpoint)", "warden.reason": "\(error)"])
+            }
+            return nil
+        }
+        observe("\(answer.status)")
+        guard answer.status == 200 else {
+            lastRetryAfter.withLock { $0 = retryAfter(answer.headers) }
+            logger.warning("poll refused; will retry", metadata: [
+                "warden.endpoint": "\(settings.endpoint)", "warden.status": "\(answer.status)",
+                "warden.retry_after": "\(retryAfter(answer.headers).map { "\($0)" } ?? "-")",
+            ])
+            return nil
+        }
+        // Sent and taken: what was acknowledged or reported is no longer pending.
+        pending.withLock { p in
+            p.acks.removeFirst(min(acks.count, p.acks.count))
+            p.errors.removeFirst(min(errors.count, p.errors.count))
+        }
+        guard let json = answer.json, json.objectValue != nil else {
+            logger.warning("poll answer is not a JSON object", metadata: ["warden.endpoint": "\(settings.endpoint)"])
+            return .object([:])
+        }
+        return json
+    }
+}

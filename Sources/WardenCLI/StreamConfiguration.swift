@@ -1,0 +1,123 @@
+public import AsyncHTTPClient
+import Foundation
+public import StreamManagement
+import SecurityEvents
+import TokenVerification
+
+/// An issuer's `stream:` section: how Warden manages the issuer's stream at its transmitter
+/// (`warden stream …`) and, for `delivery: {method: poll}`, polls it in `warden run`.
+public struct StreamConfiguration: Sendable {
+    public enum Credentials: Sendable {
+        /// Google: a service account's key file.
+        case serviceAccount(ServiceAccountKey)
+        /// SSF: a bearer token from a file.
+        case bearer(String)
+        /// SSF: OAuth 2.0 client credentials.
+        case oauth(OAuthClientCredentials.Settings)
+    }
+
+    public var settings: StreamSettings
+    public var credentials: Credentials
+
+    public var issuer: String { settings.issuer }
+
+    static let keys = ["api", "endpoint", "credentials-file", "oauth", "delivery", "events", "stream-id", "description"]
+
+    /// The credentials, ready to present (tokens minted or fetched when first needed, reused).
+    public func makeCredentials(http: HTTPClient) -> any StreamCredentials {
+        switch credentials {
+        case .serviceAccount(let key): ServiceAccountTokens(key: key)
+        case .bearer(let token): StaticBearer(token: token)
+        case .oauth(let settings): OAuthClientCredentials(settings: settings, http: http)
+        }
+    }
+
+    static func parse(_ r: ConfigReader, issuer: String) throws(ConfigError) -> StreamConfiguration? {
+        guard r.isPresent else { return nil }
+        try r.requireOnly(keys)
+        let apiName = try r.child("api").requiredString()
+        guard let api = StreamSettings.API(rawValue: apiName) else {
+            throw r.child("api").error("\"\(apiName)\" is not google (Google's RISC API) or ssf (SSF 1.0 stream management)")
+        }
+
+        var endpoint = URL(string: "https://risc.googleapis.com")!
+        if r.child("endpoint").isPresent {
+            guard api == .google else {
+                throw r.child("endpoint").error("is for api: google; an SSF transmitter's endpoints come from its /.well-known/ssf-configuration")
+            }
+            endpoint = try WardenConfiguration.url(r.child("endpoint"))
+        }
+
+        let credentials: Credentials
+        let file = r.child("credentials-file"), oauth = r.child("oauth")
+        switch api {
+        case .google:
+            if oauth.isPresent { throw oauth.error("is for api: ssf; Google's RISC API takes a service account's key (credentials-file)") }
+            guard let (contents, path) = try file.fileContents() else {
+                throw file.error("is required for api: google (the service account's JSON key file)")
+            }
+            do {
+                credentials = .serviceAccount(try ServiceAccountKey(json: contents))
+            } catch {
+                throw file.error("\(path): \(error)")
+            }
+        case .ssf:
+            if file.isPresent, oauth.isPresent { throw oauth.error("give either credentials-file (a bearer token) or oauth, not both") }
+            if let (contents, path) = try file.fileContents() {
+                let token = String(decoding: contents, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+                guard !token.isEmpty, !token.contains(where: \.isWhitespace) else {
+                    throw file.error("\(path) must hold one bearer token")
+                }
+                credentials = .bearer(token)
+            } else if oauth.isPresent {
+                try oauth.requireOnly(["token-endpoint", "client-id", "client-secret", "client-secret-file", "scope"])
+                guard let secret = try oauth.secret("client-secret") else {
+                    throw oauth.child("client-secret-file").error("is required (or client-secret)")
+                }
+                credentials = .oauth(.init(tokenEndpoint: try WardenConfiguration.url(oauth.child("token-endpoint")),
+                                           clientID: try oauth.child("client-id").requiredString(), clientSecret: secret,
+                                           scope: try oauth.child("scope").string()))
+            } else {
+                throw r.error("an ssf stream needs credentials: credentials-file (a bearer token) or oauth (client credentials)")
+            }
+        }
+
+        var delivery: StreamDelivery? = nil
+        let d = r.child("delivery")
+        if d.isPresent {
+            try d.requireOnly(["method", "endpoint-url"])
+            let method = try d.child("method").requiredString()
+            let url: String? = try d.child("endpoint-url").isPresent ? WardenConfiguration.url(d.child("endpoint-url")).absoluteString : nil
+            switch method {
+            case "push":
+                guard let url else { throw d.child("endpoint-url").error("is required for push (the receiver's https URL, e.g. https://warden.example.com/events)") }
+                delivery = .push(endpointURL: url)
+            case "poll":
+                guard api == .ssf else { throw d.child("method").error("Google delivers RISC events only by push") }
+                delivery = .poll(endpointURL: url)
+            default:
+                throw d.child("method").error("\"\(method)\" is not push or poll")
+            }
+        }
+
+        var events: [String] = []
+        for (i, name) in (try r.child("events").stringList() ?? []).enumerated() {
+            let definitions = EventCatalog.definitions(named: name)
+            let preferred = definitions.filter { api == .ssf ? $0.family == .ssf : $0.family != .ssf && $0.family != .googleLegacy }
+            guard let chosen = preferred.first ?? definitions.first(where: { $0.aliasOf == nil }) ?? definitions.first else {
+                throw ConfigError(path: "\(r.child("events").pathText)[\(i)]", "\"\(name)\" is not a known event type (a short name such as sessions-revoked, or a full URI)")
+            }
+            if !events.contains(chosen.uri) { events.append(chosen.uri) }
+        }
+        if events.isEmpty {
+            throw r.child("events").error("name the events to ask for (e.g. [sessions-revoked, tokens-revoked, token-revoked, account-disabled, verification])")
+        }
+
+        let streamID = try r.child("stream-id").string()
+        if streamID != nil, api == .google { throw r.child("stream-id").error("is for api: ssf (a Google project has one stream)") }
+        return StreamConfiguration(
+            settings: StreamSettings(issuer: issuer, api: api, endpoint: endpoint, delivery: delivery, events: events,
+                                     streamID: streamID, description: try r.child("description").string()),
+            credentials: credentials)
+    }
+}
