@@ -1,0 +1,282 @@
+import Foundation
+import Ledger
+import SETMinting
+import SecurityEvents
+import Testing
+import WardenTestSupport
+
+/// `warden stream …` against local fakes of Google's RISC API and of an SSF transmitter (real
+/// HTTP on loopback), and `warden run` polling the SSF one (RFC 8936).
+@Suite("warden stream and the poll door", .serialized, .timeLimit(.minutes(5)))
+struct StreamCommandTests {
+    static let riscPrefix = "https://schemas.openid.net/secevent/risc/event-type/"
+
+    static func json(_ text: String) throws -> JSONObject {
+        try #require(try JSONParser.parse(text).objectValue)
+    }
+
+    static func jwtClaims(_ authorization: String?) throws -> JSONObject {
+        let token = try #require(authorization?.dropFirst("Bearer ".count))
+        let parts = token.split(separator: ".")
+        return try #require(try JSONParser.parse(Base64URL.decode(String(parts[1]))!).objectValue)
+    }
+
+    /// A config whose issuer's stream is managed through `stream`, with a push receiver.
+    static func config(_ directory: URL, stream: String, receiver: Bool = true) throws -> URL {
+        let config = directory.appendingPathComponent("warden.yaml")
+        try """
+        \(WorkerTests.issuerSection("jwks-file: jwks.json"))
+            stream:
+        \(stream.split(separator: "\n").map { "      " + $0 }.joined(separator: "\n"))
+        \(receiver ? "receiver:\n  listen: 127.0.0.1:0" : "")
+        http:
+          listen: 127.0.0.1:0
+        ledger: sqlite:ledger.sqlite
+        """.write(to: config, atomically: true, encoding: .utf8)
+        return config
+    }
+
+    @Test func googleCallsCarryTheServiceAccountJWTAndAVerificationMakesTheRoundTrip() async throws {
+        let risc = try await KeyServer.start()
+        risc.serve("/v1beta/stream:update", json: "{}")
+        risc.serve("/v1beta/stream", json: #"{"delivery":{"url":"https://warden.example.com/events"},"events_delivered":[]}"#)
+        risc.serve("/v1beta/stream/status", json: #"{"status":"enabled"}"#)
+        risc.serve("/v1beta/stream/status:update", json: "{}")
+        risc.serve("/v1beta/stream:verify", json: "{}")
+        let account = try SigningKey.rsa(keyID: "sa-key-7")
+        let directory = try WorkerTests.keyFolder()
+        let keyFile: JSONValue = .object([
+            "type": "service_account", "client_email": "risc@example-project.iam.gserviceaccount.com",
+            "private_key_id": "sa-key-7", "private_key": .string(account.privateKeyPEM!),
+        ])
+        try keyFile.jsonText.write(to: directory.appendingPathComponent("sa.json"), atomically: true, encoding: .utf8)
+        let config = try Self.config(directory, stream: """
+            api: google
+            endpoint: \(risc.baseURL)
+            credentials-file: sa.json
+            delivery: {method: push, endpoint-url: "https://warden.example.com/events"}
+            events: [sessions-revoked, verification]
+            """)
+
+        // create: stream:update with Google's names, the account's JWT.
+        let created = try await Warden.run(["stream", "create", "--config", config.path])
+        #expect(created.status == 0, "\(created.stderr)")
+        let update = try #require(risc.recordedRequests("/v1beta/stream:update").first)
+        #expect(update.method == "POST")
+        let body = try Self.json(update.body)
+        #expect(body["delivery"] == .object(["delivery_method": "https://schemas.openid.net/secevent/risc/delivery-method/push",
+                                              "url": "https://warden.example.com/events"]))
+        #expect(body["events_requested"] == .array([.string(Self.riscPrefix + "sessions-revoked"), .string(Self.riscPrefix + "verification")]))
+        let authorization = try #require(update.headers["authorization"])
+        #expect(account.verifies(String(authorization.dropFirst("Bearer ".count))))
+        let claims = try Self.jwtClaims(authorization)
+        #expect(claims["iss"] == "risc@example-project.iam.gserviceaccount.com" && claims["sub"] == claims["iss"])
+        #expect(claims["aud"] == "https://risc.googleapis.com/google.identity.risc.v1beta.RiscManagementService")
+
+        // get and status print the API's JSON; disable posts the status.
+        let got = try await Warden.run(["stream", "get", "--config", config.path])
+        #expect(got.status == 0)
+        #expect(try Self.json(got.stdout)["delivery"] != nil)
+        let status = try await Warden.run(["stream", "status", "--config", config.path])
+        #expect(try Self.json(status.stdout)["status"] == "enabled")
+        #expect(try await Warden.run(["stream", "disable", "--config", config.path]).status == 0)
+        #expect(try Self.json(try #require(risc.recordedRequests("/v1beta/stream/status:update").last).body) == ["status": "disabled"])
+
+        // The API has no delete: said clearly, nothing sent. An error names the call, the status
+        // and what to do.
+        let deleted = try await Warden.run(["stream", "delete", "--config", config.path])
+        #expect(deleted.status == 2)
+        #expect(deleted.stderr.contains("warden stream disable"))
+        risc.enqueue("/v1beta/stream", [.init(body: #"{"error":{"code":404,"message":"Not found."}}"#, status: 404)])
+        let missing = try await Warden.run(["stream", "get", "--config", config.path])
+        #expect(missing.status == 1)
+        #expect(missing.stderr.contains("read the stream failed: HTTP 404"))
+        #expect(missing.stderr.contains("warden stream create"))
+        #expect(!missing.stderr.contains(String(authorization.dropFirst(7).prefix(40))))
+        risc.enqueue("/v1beta/stream:update", [.init(body: "{}", status: 403)])
+        let forbidden = try await Warden.run(["stream", "update", "--config", config.path])
+        #expect(forbidden.status == 1)
+        #expect(forbidden.stderr.contains("HTTP 403") && forbidden.stderr.contains("roles/riscconfigs.admin"))
+
+        // verify: a fresh state, asked of the API; the test plays Google and pushes the
+        // verification SET to the running receiver; the command sees it recorded.
+        let worker = try WorkerProcess(config: config)
+        let port = try await worker.announcedPort("receiver")
+        let verifying = Task { try await Warden.run(["stream", "verify", "--config", config.path, "--timeout", "60"]) }
+        try await WorkerTests.waitFor("the verification asked of the API") { !risc.recordedRequests("/v1beta/stream:verify").isEmpty }
+        let verifyRequest = try #require(risc.recordedRequests("/v1beta/stream:verify").first)
+        let state = try #require(try Self.json(verifyRequest.body)["state"]?.stringValue)
+        #expect(state.count >= 16)
+        func verification(_ state: String) throws -> String {
+            try SETMinter.token(claims: ["iss": .string(WorkerTests.issuer), "aud": .string(WorkerTests.audience),
+                                         "iat": .number(Date().timeIntervalSince1970.rounded(.down)), "jti": .string(UUID().uuidString),
+                                         "events": .object([Self.riscPrefix + "verification": .object(["state": .string(state)])])],
+                                key: WorkerTests.ec)
+        }
+        // One whose state Warden never asked for is refused; the asked one is taken.
+        let unasked = try await PushReceiverTests.send(port, try verification("not-asked-by-warden"), bearer: nil)
+        #expect(unasked.status == 400)
+        #expect(unasked.body.contains("\"err\":\"invalid_state\""))
+        #expect(try await PushReceiverTests.send(port, try verification(state), bearer: nil).status == 202)
+        let verified = try await verifying.value
+        #expect(verified.status == 0, "\(verified.stderr)")
+        #expect(try Self.json(verified.stdout)["verified"] == true)
+        #expect(try Self.json(verified.stdout)["round_trip_ms"]?.numberValue != nil)
+        #expect(await worker.terminate() == 0)
+        try? FileManager.default.removeItem(at: directory)
+        await risc.stop()
+    }
+
+    /// A local SSF transmitter: discovery, stream endpoints, and a poll endpoint.
+    static func transmitter() async throws -> KeyServer {
+        let ssf = try await KeyServer.start()
+        ssf.serve("/.well-known/ssf-configuration", json: """
+            {"issuer":"\(ssf.baseURL)","jwks_uri":"\(ssf.url("/jwks"))","configuration_endpoint":"\(ssf.url("/streams"))",
+             "status_endpoint":"\(ssf.url("/status"))","verification_endpoint":"\(ssf.url("/verify"))",
+             "delivery_methods_supported":["urn:ietf:rfc:8935","urn:ietf:rfc:8936"]}
+            """)
+        ssf.serve("/jwks", json: SETMinter.jwks([WorkerTests.ec]))
+        return ssf
+    }
+
+    static func ssfIssuerSection(_ ssf: KeyServer, stream: String) -> String {
+        """
+        issuers:
+          - issuer: \(ssf.baseURL)
+            jwks-uri: \(ssf.url("/jwks"))
+            audiences: [\(WorkerTests.audience)]
+            algorithms: [ES256]
+            profile: ssf
+            stream:
+        \(stream.split(separator: "\n").map { "      " + $0 }.joined(separator: "\n"))
+        """
+    }
+
+    static func ssfToken(_ ssf: KeyServer, jti: String, key: SigningKey = WorkerTests.ec) throws -> String {
+        try SETMinter.token(claims: [
+            "iss": .string(ssf.baseURL), "aud": .string(WorkerTests.audience), "iat": .number(Date().timeIntervalSince1970.rounded(.down)),
+            "jti": .string(jti), "sub_id": .object(["format": "email", "email": "user@example.com"]),
+            "events": .object(["https://schemas.openid.net/secevent/caep/event-type/session-revoked": .object([:])]),
+        ], key: key, type: "secevent+jwt")
+    }
+
+    @Test func anSSFStreamIsCreatedWithItsIdKeptAndAStreamOfAnotherIssuerIsRefused() async throws {
+        let ssf = try await Self.transmitter()
+        ssf.serve("/streams", .init(body: """
+            {"stream_id":"strm-1","iss":"\(ssf.baseURL)","aud":"\(WorkerTests.audience)","delivery":{"method":"urn:ietf:rfc:8936","endpoint_url":"\(ssf.url("/poll"))"},
+             "events_requested":[],"events_delivered":[]}
+            """, status: 201, headers: ["Content-Type": "application/json"]))
+        ssf.serve("/status", json: #"{"stream_id":"strm-1","status":"enabled"}"#)
+        ssf.serve("/bearer-check", json: "{}")
+        let directory = try WorkerTests.keyFolder()
+        try "ssf-bearer-token-1\n".write(to: directory.appendingPathComponent("bearer"), atomically: true, encoding: .utf8)
+        let config = directory.appendingPathComponent("warden.yaml")
+        try """
+        \(Self.ssfIssuerSection(ssf, stream: """
+            api: ssf
+            credentials-file: bearer
+            delivery: {method: poll}
+            events: [session-revoked, verification]
+            description: warden test
+            """))
+        ledger: sqlite:ledger.sqlite
+        """.write(to: config, atomically: true, encoding: .utf8)
+
+        let created = try await Warden.run(["stream", "create", "--config", config.path])
+        #expect(created.status == 0, "\(created.stderr)")
+        let request = try #require(ssf.recordedRequests("/streams").first)
+        #expect(request.method == "POST")
+        #expect(request.headers["authorization"] == "Bearer ssf-bearer-token-1")
+        let body = try Self.json(request.body)
+        // Only what a receiver may set.
+        #expect(Set(body.map(\.name)) == ["events_requested", "delivery", "description"])
+        #expect(body["delivery"] == .object(["method": "urn:ietf:rfc:8936"]))
+        #expect(body["events_requested"] == .array(["https://schemas.openid.net/secevent/caep/event-type/session-revoked",
+                                                     "https://schemas.openid.net/secevent/ssf/event-type/verification"]))
+        // The id is kept in the ledger: later calls name it.
+        let status = try await Warden.run(["stream", "status", "--config", config.path])
+        #expect(status.status == 0, "\(status.stderr)")
+        #expect(ssf.recordedRequests("/status").first?.path == "/status")
+        #expect(try Self.json(status.stdout)["status"] == "enabled")
+        let reading = try #require(ssf.recordedRequests("/status").first)
+        #expect(reading.headers["authorization"] == "Bearer ssf-bearer-token-1")
+        let deleted = try await Warden.run(["stream", "delete", "--config", config.path])
+        #expect(deleted.status == 0, "\(deleted.stderr)")
+        #expect(ssf.recordedRequests("/streams").last?.method == "DELETE")
+        // Forgotten once deleted.
+        let afterDelete = try await Warden.run(["stream", "status", "--config", config.path])
+        #expect(afterDelete.status == 1)
+        #expect(afterDelete.stderr.contains("no stream id"))
+
+        // A transmitter that answers with another issuer's stream: refused and not used.
+        ssf.serve("/streams", .init(body: #"{"stream_id":"strm-2","iss":"https://elsewhere.example/","delivery":{}}"#, status: 201,
+                                    headers: ["Content-Type": "application/json"]))
+        let foreign = try await Warden.run(["stream", "create", "--config", config.path])
+        #expect(foreign.status == 1)
+        #expect(foreign.stderr.contains("https://elsewhere.example/") && foreign.stderr.contains("not used"))
+        let afterForeign = try await Warden.run(["stream", "status", "--config", config.path])
+        #expect(afterForeign.stderr.contains("no stream id"))
+        try? FileManager.default.removeItem(at: directory)
+        await ssf.stop()
+    }
+
+    /// `warden run` polls: each SET persisted is acknowledged in the next request, an invalid one
+    /// reported in setErrs, a redelivered one acknowledged again; Retry-After is honoured.
+    @Test func polledSetsAreAcknowledgedOnlyOncePersistedAndInvalidOnesReported() async throws {
+        let ssf = try await Self.transmitter()
+        let good = try Self.ssfToken(ssf, jti: "p-1"), forged = try Self.ssfToken(ssf, jti: "p-2", key: WorkerTests.impostor)
+        ssf.enqueue("/poll", [
+            .init(body: #"{"sets":{"p-1":"\#(good)","p-2":"\#(forged)"},"moreAvailable":true}"#, headers: ["Content-Type": "application/json"]),
+            // Told to come back later: no request before it.
+            .init(body: "", status: 429, headers: ["Retry-After": "3"]),
+            // The same SET again (the transmitter did not see the ack): acknowledged again.
+            .init(body: #"{"sets":{"p-1":"\#(good)"}}"#, headers: ["Content-Type": "application/json"]),
+        ])
+        ssf.serve("/poll", .init(body: #"{"sets":{}}"#, headers: ["Content-Type": "application/json"], delay: 0.3))
+        let directory = try WorkerTests.keyFolder()
+        try "poll-token\n".write(to: directory.appendingPathComponent("bearer"), atomically: true, encoding: .utf8)
+        let config = directory.appendingPathComponent("warden.yaml")
+        try """
+        \(Self.ssfIssuerSection(ssf, stream: """
+            api: ssf
+            credentials-file: bearer
+            delivery: {method: poll, endpoint-url: "\(ssf.url("/poll"))"}
+            events: [session-revoked]
+            """))
+        http:
+          listen: 127.0.0.1:0
+        ledger: sqlite:ledger.sqlite
+        """.write(to: config, atomically: true, encoding: .utf8)
+        let ledgerPath = directory.appendingPathComponent("ledger.sqlite").path
+        let worker = try WorkerProcess(config: config)
+        _ = try await worker.httpPort()
+
+        try await WorkerTests.waitFor("the 429 answered") { ssf.requests("/poll") >= 2 }
+        // Retry-After: 3 — nothing for two seconds after the 429 (a backoff alone would be under one).
+        let afterRefusal = ssf.requests("/poll")
+        try await Task.sleep(for: .seconds(2))
+        #expect(ssf.requests("/poll") == afterRefusal)
+        try await WorkerTests.waitFor("the redelivery acknowledged") { ssf.requests("/poll") >= 4 }
+
+        let bodies = try ssf.recordedRequests("/poll").map { try Self.json($0.body) }
+        #expect(bodies.allSatisfy { $0["maxEvents"]?.numberValue ?? 0 > 0 })
+        #expect(bodies[0]["ack"] == nil)
+        // The second request acknowledges the persisted SET and reports the forged one.
+        #expect(bodies[1]["ack"] == .array(["p-1"]))
+        let errors = try #require(bodies[1]["setErrs"]?.objectValue)
+        #expect(errors["p-2"]?.objectValue?["err"] == "invalid_key")
+        #expect(bodies[1]["returnImmediately"] == true)  // moreAvailable: at once
+        // Refused with 429, the acknowledgement is sent again; the redelivery is acknowledged again.
+        #expect(bodies[2]["ack"] == .array(["p-1"]) && bodies[2]["setErrs"] != nil)
+        #expect(bodies[3]["ack"] == .array(["p-1"]) && bodies[3]["setErrs"] == nil)
+        #expect(ssf.recordedRequests("/poll").allSatisfy { $0.headers["authorization"] == "Bearer poll-token" })
+
+        let reader = try SQLiteLedgerReader(path: ledgerPath)
+        #expect(try reader.events().map(\.jti) == ["p-1"])
+        #expect(try reader.events().first?.source == "poll")
+        #expect(try reader.deliveries().map(\.verdict).sorted() == ["duplicate", "invalid"])
+        #expect(await worker.terminate() == 0)
+        try? FileManager.default.removeItem(at: directory)
+        await ssf.stop()
+    }
+}
