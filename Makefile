@@ -19,11 +19,22 @@ deps:
 build: deps
 	$(SWIFT) build
 
-# The main job on embedded defaults: the worker on librdkafka's in-process Kafka cluster, with a
-# SQLite ledger in .warden/. It prints the cluster's address; see README for sending it a token.
+# The whole product on embedded defaults: the worker on librdkafka's in-process Kafka cluster,
+# the push receiver on 127.0.0.1:8080, a SQLite ledger and a redis-server session store in
+# .warden/ (stopped with the worker), and a development transmitter's key (warden dev-keys).
+# See README for sending it events with warden emit.
+DEV_REDIS_PORT := 6399
 run: deps
 	$(SWIFT) build --product warden
-	$$($(SWIFT) build --show-bin-path)/warden run --config examples/warden.yaml
+	@mkdir -p .warden
+	@bin=$$($(SWIFT) build --show-bin-path); \
+	$$bin/warden dev-keys --dir .warden/dev-keys --no-serve || exit 2; \
+	redis-cli -p $(DEV_REDIS_PORT) ping >/dev/null 2>&1 || \
+	  redis-server --port $(DEV_REDIS_PORT) --bind 127.0.0.1 --save "" --appendonly no --dir $(CURDIR)/.warden \
+	    --daemonize yes --pidfile $(CURDIR)/.warden/redis.pid --logfile $(CURDIR)/.warden/redis.log; \
+	echo "warden: redis-server: 127.0.0.1:$(DEV_REDIS_PORT) (session store, stopped with the worker)"; \
+	trap 'redis-cli -p $(DEV_REDIS_PORT) shutdown nosave >/dev/null 2>&1' EXIT; \
+	$$bin/warden run --config examples/dev.yaml
 
 test: deps
 	$(SWIFT) test

@@ -35,6 +35,11 @@ public struct SigningKey: Sendable {
         return SigningKey(keyID: keyID, algorithm: algorithm, material: .rsa(key))
     }
 
+    /// An RSA key read from PEM (PKCS#8 `BEGIN PRIVATE KEY`, or PKCS#1), signing RS256.
+    public static func rsa(keyID: String, pkcs8PEM pem: String) throws -> SigningKey {
+        SigningKey(keyID: keyID, algorithm: "RS256", material: .rsa(try _RSA.Signing.PrivateKey(pemRepresentation: pem)))
+    }
+
     public static func ec(keyID: String = "ec-\(UUID().uuidString.prefix(8))", algorithm: String = "ES256") -> SigningKey {
         switch algorithm {
         case "ES384": SigningKey(keyID: keyID, algorithm: algorithm, material: .p384(P384.Signing.PrivateKey()))

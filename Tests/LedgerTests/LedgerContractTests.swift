@@ -199,13 +199,67 @@ struct LedgerContractTests {
         await ledger.close()
     }
 
+    /// What a door without redelivery resumes: events with a step pending, received before the
+    /// process started, in id order, page by page; nothing once their steps are recorded.
+    @Test(arguments: Backend.allCases) func pendingEventsAreReadPageByPageUntilTheirStepsAreRecorded(_ backend: Backend) async throws {
+        let storage = try await LedgerUnderTest(backend)
+        let ledger = try await storage.open()
+        var pendingIDs: [Int64] = []
+        for i in 0..<3 {
+            var event = E.event(jti: "pending-\(i)", source: "push")
+            event.token = "h.p\(i).s"
+            guard case .new(let id) = try await ledger.claim(event, outcome: .pending, steps: [OutboxStep(index: 0, kind: "notify", action: "{}")])
+            else { Issue.record("not new"); return }
+            pendingIDs.append(id)
+        }
+        _ = try await ledger.claim(E.event(jti: "no-steps"), outcome: .processed, steps: [])
+        var later = E.event(jti: "received-later")
+        later.receivedAt = 1_900_000_000
+        _ = try await ledger.claim(later, outcome: .pending, steps: [OutboxStep(index: 0, kind: "notify", action: "{}")])
+
+        let first = try await ledger.pendingEvents(receivedBefore: 1_850_000_000, afterID: 0, limit: 2)
+        #expect(first.map(\.id) == Array(pendingIDs.prefix(2)))
+        #expect(first.first?.token == Array("h.p0.s".utf8))
+        #expect(first.first?.source == "push")
+        let rest = try await ledger.pendingEvents(receivedBefore: 1_850_000_000, afterID: first.last!.id, limit: 2)
+        #expect(rest.map(\.id) == [pendingIDs[2]])
+        try await ledger.recordStep(0, of: pendingIDs[0], status: .done, detail: "ok", finishing: .processed)
+        #expect(try await ledger.pendingEvents(receivedBefore: 1_850_000_000, afterID: 0, limit: 10).map(\.id) == Array(pendingIDs.dropFirst()))
+        await ledger.close()
+    }
+
+    /// Verification states are scoped to their issuer; an arrival is kept once; stream ids are
+    /// kept and forgotten.
+    @Test(arguments: Backend.allCases) func verificationStatesAndStreamIDs(_ backend: Backend) async throws {
+        let storage = try await LedgerUnderTest(backend)
+        let ledger = try await storage.open()
+        let a = "https://a.example/", b = "https://b.example/"
+        try await ledger.requestVerification(issuer: a, state: "s-1", at: 100)
+        #expect(try await ledger.verificationArrival(issuer: a, state: "s-1") == nil)
+        #expect(try await !ledger.verificationArrived(issuer: b, state: "s-1", at: 101))
+        #expect(try await !ledger.verificationArrived(issuer: a, state: "s-2", at: 101))
+        #expect(try await ledger.verificationArrived(issuer: a, state: "s-1", at: 102))
+        #expect(try await ledger.verificationArrived(issuer: a, state: "s-1", at: 150))  // a redelivery matches too
+        #expect(try await ledger.verificationArrival(issuer: a, state: "s-1") == 102)
+        #expect(try await ledger.verificationArrival(issuer: b, state: "s-1") == nil)
+
+        #expect(try await ledger.streamID(issuer: a) == nil)
+        try await ledger.keepStreamID("strm-1", issuer: a)
+        try await ledger.keepStreamID("strm-2", issuer: a)
+        #expect(try await ledger.streamID(issuer: a) == "strm-2")
+        #expect(try await ledger.streamID(issuer: b) == nil)
+        try await ledger.keepStreamID(nil, issuer: a)
+        #expect(try await ledger.streamID(issuer: a) == nil)
+        await ledger.close()
+    }
+
     @Test func postgresTablesAreReadableByAnotherClient() async throws {
         let storage = try await LedgerUnderTest(.postgres)
         let ledger = try await storage.open()
         _ = try await ledger.claim(E.event(jti: "seen-by-psql"), outcome: .pending, steps: [OutboxStep(index: 0, kind: "notify", action: "{}")])
         #expect(try await storage.server!.psql(storage.database, "SELECT jti, outcome FROM events") == "seen-by-psql|pending")
         #expect(try await storage.server!.psql(storage.database, "SELECT kind, status FROM steps") == "notify|pending")
-        #expect(try await storage.server!.psql(storage.database, "SELECT name FROM warden_migrations ORDER BY name") == "v1-events\nv2-outbox\nv3-lease")
+        #expect(try await storage.server!.psql(storage.database, "SELECT name FROM warden_migrations ORDER BY name") == "v1-events\nv2-outbox\nv3-lease\nv4-verifications")
         await ledger.close()
         // A second ledger on the same database finds the schema in place.
         let again = try await storage.open()
