@@ -210,6 +210,12 @@ let package = Package(
             swiftSettings: strict
         ),
         .executableTarget(
+            name: "PushBenchmark",
+            dependencies: ["SETMinting"],
+            path: "Benchmarks/PushBenchmark",
+            swiftSettings: strict
+        ),
+        .executableTarget(
             name: "PipelineBenchmark",
             dependencies: ["TokenVerification", "SETMinting", "SecurityEvents", "Kafka", "Ledger", "WardenTestSupport",
                            .product(name: "Logging", package: "swift-log")],

@@ -141,20 +141,12 @@ public struct EventProcessor: Sendable {
             case .success(let verified):
                 // A verification event with a `state` is taken only when Warden asked for that
                 // state (`warden stream verify`); its arrival is recorded for the one waiting.
-                if let state = verified.set.token.verificationState {
-                    let issuer = verified.set.token.issuer, now = Date().timeIntervalSince1970
-                    switch await attempting("ledger", { try await ledger.verificationArrived(issuer: issuer, state: state, at: now) }) {
-                    case .done(true): break
-                    case .done(false):
-                        verdicts.append(.invalid(code: SETErrorCode.invalidState.rawValue,
-                                                 description: "the verification event's state matches no verification requested of \(issuer)"))
-                        continue resolving
-                    case .refused(let error):
-                        verdicts.append(.invalid(code: SETErrorCode.invalidState.rawValue,
-                                                 description: "the verification event's state cannot be looked up: \(error)"))
-                        continue resolving
-                    case .stopped: break resolving
-                    }
+                switch await verificationState(of: verified.set.token) {
+                case .taken: break
+                case .refused(let description):
+                    verdicts.append(.invalid(code: SETErrorCode.invalidState.rawValue, description: description))
+                    continue resolving
+                case .stopped: break resolving
                 }
                 // The subject's local user: a lookup that cannot be made now makes admission
                 // wait here rather than record the event unresolved.
@@ -236,6 +228,27 @@ public struct EventProcessor: Sendable {
             }
         }
         return (admitted, batch[verdicts.count...])
+    }
+
+    enum StateCheck: Sendable, Equatable {
+        case taken
+        /// `invalid_state`, and why.
+        case refused(String)
+        case stopped
+    }
+
+    /// A verification event with a `state` is taken only when Warden asked its issuer for that
+    /// state (`warden stream verify`); its arrival is recorded for the one waiting. Any other
+    /// token (a verification without a state too) is taken.
+    func verificationState(of token: SecurityEventToken) async -> StateCheck {
+        guard let state = token.verificationState else { return .taken }
+        let issuer = token.issuer, now = Date().timeIntervalSince1970
+        switch await attempting("ledger", { try await ledger.verificationArrived(issuer: issuer, state: state, at: now) }) {
+        case .done(true): return .taken
+        case .done(false): return .refused("the verification event's state matches no verification requested of \(issuer)")
+        case .refused(let error): return .refused("the verification event's state cannot be looked up: \(error)")
+        case .stopped: return .stopped
+        }
     }
 
     /// The ledger writer: writes admitted records in one atomic write (retried until it

@@ -2,6 +2,7 @@ import Foundation
 public import Kafka
 import Ledger
 import SecurityEvents
+import TokenVerification
 
 /// Pushed SETs onto the topic the workers read (`warden run` with both `receiver:` and
 /// `kafka:`). Each is verified first: one that fails is answered `400` and kept in the ledger as
@@ -33,20 +34,15 @@ public struct KafkaPushDestination: PushDestination {
         case .failure(let error) where error.isRetryable:
             return .unavailable
         case .failure(let error):
-            let code = error.reportedCode
-            processor.metrics.verifyFailure(code)
-            processor.logger.warning("pushed token refused", metadata: [
-                "warden.source": "push", "warden.err": "\(code)", "warden.reason": "\(error.description)",
-                "warden.token": "\(TokenDigest.short(message.value))",
-            ])
-            let rejection = Rejection(token: message.value, source: message.source, code: code, description: error.description,
-                                      receivedAt: message.receivedAt)
-            if case .stopped = await processor.attempting("ledger", { try await processor.ledger.recordRejection(rejection) }) {
-                return .unavailable
-            }
-            return .refused(code: code)
+            return await refuse(message, code: error.reportedCode, description: error.description)
         case .success(let verified):
             let token = verified.set.token
+            // A verification event's state is checked here: its sender hears invalid_state.
+            switch await processor.verificationState(of: token) {
+            case .taken: break
+            case .refused(let description): return await refuse(message, code: SETErrorCode.invalidState.rawValue, description: description)
+            case .stopped: return .unavailable
+            }
             let headers = [
                 KafkaHeader("content-type", "application/secevent+jwt"),
                 KafkaHeader(Self.sourceHeader, "push"),
@@ -64,6 +60,21 @@ public struct KafkaPushDestination: PushDestination {
                 return .unavailable
             }
         }
+    }
+
+    /// Refused: kept in the ledger as a rejection from its door, and counted.
+    private func refuse(_ message: IntakeMessage, code: String, description: String) async -> PushOutcome {
+        processor.metrics.verifyFailure(code)
+        processor.logger.warning("pushed token refused", metadata: [
+            "warden.source": "\(message.source)", "warden.err": "\(code)", "warden.reason": "\(description)",
+            "warden.token": "\(TokenDigest.short(message.value))",
+        ])
+        let rejection = Rejection(token: message.value, source: message.source, code: code, description: description,
+                                  receivedAt: message.receivedAt)
+        if case .stopped = await processor.attempting("ledger", { try await processor.ledger.recordRejection(rejection) }) {
+            return .unavailable
+        }
+        return .refused(code: code)
     }
 
     /// The message key: a stable hash of the token's issuer and subject (its lane).

@@ -168,6 +168,8 @@ struct Worker {
         }
         var receiverService: (any Service)? = nil
         var receiverRoutes: (Router<WardenRequestContext>) -> Void = { _ in }
+        // When the receiver shares the health server's address: it listens when that one does.
+        var onSharedListening: @Sendable () -> Void = {}
         if let settings = configuration.receiver, let destination {
             let receiver = PushReceiver(
                 settings: .init(host: settings.host, port: settings.port, path: settings.path, bearerTokens: settings.bearerTokens,
@@ -179,8 +181,10 @@ struct Worker {
                 + (configuration.kafka.map { ", onto topic \($0.topic)" } ?? ", into the ledger") + ")"
             if settings.host == configuration.http.host, settings.port == configuration.http.port, settings.port != 0 {
                 receiverRoutes = receiver.addRoutes
-                listening.listened = true
-                announce("receiver: \(settings.host):\(settings.port) \(summary), with /healthz, /readyz and /metrics")
+                onSharedListening = {
+                    listening.listened = true
+                    announce("receiver: \(settings.host):\(settings.port) \(summary), with /healthz, /readyz and /metrics")
+                }
             } else {
                 receiverService = receiver.service { port in
                     listening.listened = true
@@ -206,8 +210,9 @@ struct Worker {
             checks: [.init("keys") { issuers.allSatisfy { $0.keys.currentSnapshot() != nil } }] + intakeChecks
                 + [.init("ledger") { await ledger.isReachable() }],
             metricsText: { registry.emitToBuffer() })
-        let http = health.service(logger: logger, routes: receiverRoutes) { port in
+        let http = health.service(logger: logger, routes: receiverRoutes) { [onSharedListening] port in
             announce("http: \(configuration.http.host):\(port) (/healthz, /readyz, /metrics)")
+            onSharedListening()
         }
 
         // Shut down in reverse order: intake first, the ledger last. Connection pools run as

@@ -4,6 +4,8 @@ import FoundationNetworking
 #endif
 import Ledger
 import SETMinting
+import SecurityEvents
+import Synchronization
 import Testing
 import WardenTestSupport
 
@@ -142,6 +144,93 @@ struct PushReceiverTests {
         #expect(!worker.standardError.contains(Self.bearer))
     }
 
+    /// Bodies no transmitter should send: each is answered 400 (413 over the limit), none crashes
+    /// the receiver or is answered with a 5xx, and the receiver still takes a good SET after them.
+    @Test func badBodiesAreRefusedAndNeverCrashIt() async throws {
+        let setup = try Setup(bearerTokens: false)
+        defer { setup.cleanUp() }
+        let worker = try WorkerProcess(config: setup.config)
+        let port = try await worker.announcedPort("receiver")
+        let token = try WorkerTests.token(subject: "user-b")
+        let parts = token.split(separator: ".")
+        let bodies: [(String, Data)] = [
+            ("empty", Data()),
+            ("binary", Data((0..<512).map { UInt8(truncatingIfNeeded: $0 &* 37) })),
+            ("invalid UTF-8", Data([0xC3, 0x28, 0x2E, 0xFF, 0xFE, 0x2E, 0x80])),
+            ("a truncated SET", Data(token.prefix(token.count / 2).utf8)),
+            ("a SET without its signature", Data((parts[0] + "." + parts[1] + ".").utf8)),
+            ("five parts (JWE)", Data("a.b.c.d.e".utf8)),
+            ("NUL bytes", Data([0x65, 0x79, 0x00, 0x2E, 0x00, 0x2E, 0x00])),
+            ("JSON, not a JWS", Data(#"{"iss":"https://accounts.google.com/"}"#.utf8)),
+        ]
+        for (name, body) in bodies {
+            var request = URLRequest(url: URL(string: "http://127.0.0.1:\(port)/events")!)
+            request.httpMethod = "POST"
+            request.httpBody = body
+            request.setValue("application/secevent+jwt", forHTTPHeaderField: "Content-Type")
+            let (data, response) = try await URLSession.shared.data(for: request)
+            let status = (response as! HTTPURLResponse).statusCode
+            #expect(status == 400, "\(name): \(status)")
+            #expect(String(decoding: data, as: UTF8.self).contains("\"err\":\"invalid_request\"") || String(decoding: data, as: UTF8.self).contains("\"err\":\"invalid_key\""), "\(name)")
+        }
+        #expect(try await Self.send(port, String(repeating: "x", count: 20_000), bearer: nil).status == 413)
+        #expect(try await Self.send(port, token, bearer: nil).status == 202)
+        #expect(try SQLiteLedgerReader(path: setup.ledgerPath).deliveries().filter { $0.verdict == "invalid" }.count == bodies.count)
+        #expect(await worker.terminate() == 0)
+    }
+
+    /// A SIGKILL in the middle of a burst: every SET that was answered 202 is in the ledger.
+    @Test func aKillDuringABurstLosesNoSetThatGot202() async throws {
+        let setup = try Setup(bearerTokens: false)
+        defer { setup.cleanUp() }
+        let worker = try WorkerProcess(config: setup.config)
+        let port = try await worker.announcedPort("receiver")
+        let tokens = try (0..<400).map { i in
+            (jti: "burst-\(i)", token: try WorkerTests.token(jti: "burst-\(i)", subject: "user-\(i % 37)"))
+        }
+        final class Burst: Sendable {
+            let next = Mutex(0), answered = Mutex(0), accepted = Mutex<[String]>([])
+        }
+        let burst = Burst()
+        await withTaskGroup(of: Void.self) { group in
+            for _ in 0..<16 {
+                group.addTask {
+                    while true {
+                        let i = burst.next.withLock { n -> Int in defer { n += 1 }; return n }
+                        guard i < tokens.count else { return }
+                        let status = (try? await Self.send(port, tokens[i].token, bearer: nil).status) ?? 0
+                        if status == 202 { burst.accepted.withLock { $0.append(tokens[i].jti) } }
+                        let count = burst.answered.withLock { n -> Int in n += 1; return n }
+                        if count == 150 { await worker.kill() }
+                    }
+                }
+            }
+        }
+        let acknowledged = burst.accepted.withLock { $0 }
+        #expect(acknowledged.count >= 100)
+        #expect(acknowledged.count < tokens.count)  // the kill came mid-burst
+        let recorded = Set(try SQLiteLedgerReader(path: setup.ledgerPath).events().map(\.jti))
+        #expect(Set(acknowledged).subtracting(recorded).isEmpty, "answered 202 but not in the ledger: \(Set(acknowledged).subtracting(recorded).sorted().prefix(5))")
+    }
+
+    /// The receiver and the health server on one address: both answer there.
+    @Test func theReceiverAndTheHealthEndpointsShareOneAddress() async throws {
+        let port = try freeLoopbackPort()
+        let setup = try Setup(bearerTokens: false)
+        defer { setup.cleanUp() }
+        let text = try String(contentsOf: setup.config, encoding: .utf8)
+            .replacingOccurrences(of: "listen: 127.0.0.1:0", with: "listen: 127.0.0.1:\(port)")
+        try text.write(to: setup.config, atomically: true, encoding: .utf8)
+        let worker = try WorkerProcess(config: setup.config)
+        #expect(try await worker.announcedPort("receiver") == port)
+        #expect(try await Self.send(port, try WorkerTests.token(subject: "user-s"), bearer: nil).status == 202)
+        let (ready, _) = try await WorkerTests.httpGet(port, "/readyz")
+        #expect(ready == 200)
+        let metrics = try await WorkerTests.httpGet(port, "/metrics").1
+        #expect(metrics.contains(#"warden_push_requests_total{status="202"} 1"#))
+        #expect(await worker.terminate() == 0)
+    }
+
     /// Keys that cannot be had: the sender is told to try again later, and nothing waits.
     @Test func aSetWhoseKeysCannotBeHadIsAnswered503WithRetryAfter() async throws {
         let setup = try Setup(keySource: "jwks-uri: http://127.0.0.1:1/jwks.json", bearerTokens: false)
@@ -153,6 +242,15 @@ struct PushReceiverTests {
         #expect(answer.header("Retry-After") == "5")
         #expect(try SQLiteLedgerReader(path: setup.ledgerPath).events().isEmpty)
         #expect(await worker.terminate() == 0)
+    }
+
+    /// A RISC verification SET of the test issuer, echoing `state` when given.
+    static func verification(state: String?) throws -> String {
+        let payload: JSONObject = state.map { ["state": .string($0)] } ?? [:]
+        return try SETMinter.token(claims: ["iss": .string(WorkerTests.issuer), "aud": .string(WorkerTests.audience),
+                                            "iat": .number(Date().timeIntervalSince1970.rounded(.down)), "jti": .string(UUID().uuidString),
+                                            "events": .object([EventType.riscVerification.uri: .object(payload)])],
+                                   key: WorkerTests.ec)
     }
 
     /// The topic's messages, read by an independent client (kcat): key, headers, value.
@@ -216,13 +314,20 @@ struct PushReceiverTests {
         let forged = try await Self.send(port, try WorkerTests.token(subject: "user-k", key: WorkerTests.impostor), bearer: nil)
         #expect(forged.status == 400)
         #expect(forged.body.contains("\"err\":\"invalid_key\""))
-        #expect(try await Self.topicMessages(brokers).count == 4)
+        // A verification whose state Warden never asked for: 400 invalid_state, not produced; one
+        // without a state (sent unasked) is taken.
+        let unasked = try await Self.send(port, try Self.verification(state: "never-asked"), bearer: nil)
+        #expect(unasked.status == 400)
+        #expect(unasked.body.contains("\"err\":\"invalid_state\""))
+        #expect(try await Self.send(port, try Self.verification(state: nil), bearer: nil).status == 202)
+        #expect(try await Self.topicMessages(brokers).count == 5)
         try await WorkerTests.waitFor("the duplicate recorded") {
             try SQLiteLedgerReader(path: setup.ledgerPath).deliveries().contains { $0.verdict == "duplicate" }
         }
         let rejections = try SQLiteLedgerReader(path: setup.ledgerPath).deliveries().filter { $0.verdict == "invalid" }
-        #expect(rejections.map(\.source) == ["push"])
-        #expect(try SQLiteLedgerReader(path: setup.ledgerPath).events().count == 3)
+        #expect(rejections.map(\.source) == ["push", "push"])
+        #expect(rejections.map(\.errorCode) == ["invalid_key", "invalid_state"])
+        try await WorkerTests.waitFor("the verification recorded") { try SQLiteLedgerReader(path: setup.ledgerPath).events().count == 4 }
         #expect(await worker.terminate() == 0)
     }
 

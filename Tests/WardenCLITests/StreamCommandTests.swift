@@ -107,17 +107,11 @@ struct StreamCommandTests {
         let verifyRequest = try #require(risc.recordedRequests("/v1beta/stream:verify").first)
         let state = try #require(try Self.json(verifyRequest.body)["state"]?.stringValue)
         #expect(state.count >= 16)
-        func verification(_ state: String) throws -> String {
-            try SETMinter.token(claims: ["iss": .string(WorkerTests.issuer), "aud": .string(WorkerTests.audience),
-                                         "iat": .number(Date().timeIntervalSince1970.rounded(.down)), "jti": .string(UUID().uuidString),
-                                         "events": .object([Self.riscPrefix + "verification": .object(["state": .string(state)])])],
-                                key: WorkerTests.ec)
-        }
         // One whose state Warden never asked for is refused; the asked one is taken.
-        let unasked = try await PushReceiverTests.send(port, try verification("not-asked-by-warden"), bearer: nil)
+        let unasked = try await PushReceiverTests.send(port, try PushReceiverTests.verification(state: "not-asked-by-warden"), bearer: nil)
         #expect(unasked.status == 400)
         #expect(unasked.body.contains("\"err\":\"invalid_state\""))
-        #expect(try await PushReceiverTests.send(port, try verification(state), bearer: nil).status == 202)
+        #expect(try await PushReceiverTests.send(port, try PushReceiverTests.verification(state: state), bearer: nil).status == 202)
         let verified = try await verifying.value
         #expect(verified.status == 0, "\(verified.stderr)")
         #expect(try Self.json(verified.stdout)["verified"] == true)
@@ -225,8 +219,14 @@ struct StreamCommandTests {
     @Test func polledSetsAreAcknowledgedOnlyOncePersistedAndInvalidOnesReported() async throws {
         let ssf = try await Self.transmitter()
         let good = try Self.ssfToken(ssf, jti: "p-1"), forged = try Self.ssfToken(ssf, jti: "p-2", key: WorkerTests.impostor)
+        // The transmitter pauses the stream, and says so.
+        let paused = try SETMinter.token(claims: [
+            "iss": .string(ssf.baseURL), "aud": .string(WorkerTests.audience), "iat": .number(Date().timeIntervalSince1970.rounded(.down)),
+            "jti": "su-1", "sub_id": .object(["format": "opaque", "id": "strm-1"]),
+            "events": .object(["https://schemas.openid.net/secevent/ssf/event-type/stream-updated": .object(["status": "paused"])]),
+        ], key: WorkerTests.ec, type: "secevent+jwt")
         ssf.enqueue("/poll", [
-            .init(body: #"{"sets":{"p-1":"\#(good)","p-2":"\#(forged)"},"moreAvailable":true}"#, headers: ["Content-Type": "application/json"]),
+            .init(body: #"{"sets":{"p-1":"\#(good)","p-2":"\#(forged)","su-1":"\#(paused)"},"moreAvailable":true}"#, headers: ["Content-Type": "application/json"]),
             // Told to come back later: no request before it.
             .init(body: "", status: 429, headers: ["Retry-After": "3"]),
             // The same SET again (the transmitter did not see the ack): acknowledged again.
@@ -249,7 +249,7 @@ struct StreamCommandTests {
         """.write(to: config, atomically: true, encoding: .utf8)
         let ledgerPath = directory.appendingPathComponent("ledger.sqlite").path
         let worker = try WorkerProcess(config: config)
-        _ = try await worker.httpPort()
+        let httpPort = try await worker.httpPort()
 
         try await WorkerTests.waitFor("the 429 answered") { ssf.requests("/poll") >= 2 }
         // Retry-After: 3 — nothing for two seconds after the 429 (a backoff alone would be under one).
@@ -262,18 +262,23 @@ struct StreamCommandTests {
         #expect(bodies.allSatisfy { $0["maxEvents"]?.numberValue ?? 0 > 0 })
         #expect(bodies[0]["ack"] == nil)
         // The second request acknowledges the persisted SET and reports the forged one.
-        #expect(bodies[1]["ack"] == .array(["p-1"]))
+        #expect(Set(bodies[1]["ack"]?.arrayValue?.compactMap(\.stringValue) ?? []) == ["p-1", "su-1"])
         let errors = try #require(bodies[1]["setErrs"]?.objectValue)
         #expect(errors["p-2"]?.objectValue?["err"] == "invalid_key")
         #expect(bodies[1]["returnImmediately"] == true)  // moreAvailable: at once
         // Refused with 429, the acknowledgement is sent again; the redelivery is acknowledged again.
-        #expect(bodies[2]["ack"] == .array(["p-1"]) && bodies[2]["setErrs"] != nil)
+        #expect(bodies[2]["ack"] == bodies[1]["ack"] && bodies[2]["setErrs"] != nil)
         #expect(bodies[3]["ack"] == .array(["p-1"]) && bodies[3]["setErrs"] == nil)
         #expect(ssf.recordedRequests("/poll").allSatisfy { $0.headers["authorization"] == "Bearer poll-token" })
 
         let reader = try SQLiteLedgerReader(path: ledgerPath)
-        #expect(try reader.events().map(\.jti) == ["p-1"])
-        #expect(try reader.events().first?.source == "poll")
+        #expect(Set(try reader.events().map(\.jti)) == ["p-1", "su-1"])
+        #expect(try reader.events().allSatisfy { $0.source == "poll" })
+        // The stream's status, from its stream-updated event.
+        let metrics = try await WorkerTests.httpGet(httpPort, "/metrics").1
+        #expect(metrics.contains(#"warden_stream_status{issuer="\#(ssf.baseURL)",status="paused"} 1"#))
+        #expect(metrics.contains(#"warden_stream_status{issuer="\#(ssf.baseURL)",status="enabled"} 0"#))
+        #expect(metrics.contains(#"warden_events_received_total{source="poll"}"#))
         #expect(try reader.deliveries().map(\.verdict).sorted() == ["duplicate", "invalid"])
         #expect(await worker.terminate() == 0)
         try? FileManager.default.removeItem(at: directory)
