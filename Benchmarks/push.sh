@@ -25,8 +25,9 @@ file="$work/tokens-$tokens.txt"
 echo "openssl speed -multi 2 -seconds 3 rsa2048: $(openssl speed -multi 2 -seconds 3 rsa2048 2>/dev/null | awk '/^rsa 2048 bits/ {print $NF}') verify/s (the machine's two-core limit)"
 echo "--- saturation: wrk -t2 -c64 -d5s"
 wrk -t2 -c64 -d5s --latency -s "$here/push.lua" "$url" -- "$file" 2 | tee "$work/saturation.txt"
-echo "--- fixed rate: about 2,000 requests/s (wrk -t2 -c20, each connection pausing 10 ms), 10 s"
-wrk -t2 -c20 -d10s --latency -s "$here/push.lua" "$url" -- "$file" 2 10 | tee "$work/fixed.txt"
+sent=$(awk '/requests in/ {print $1}' "$work/saturation.txt")
+echo "--- fixed rate: about 2,000 requests/s (wrk -t2 -c25, each connection pausing 10 ms), 10 s, tokens from #$((sent + 100))"
+wrk -t2 -c25 -d10s --latency -s "$here/push.lua" "$url" -- "$file" 2 10 $((sent + 100)) | tee "$work/fixed.txt"
 rss=$(awk '/VmHWM/ {print $2, $3}' /proc/$pid/status)
 events=$(sqlite3 "$work/ledger.sqlite" 'SELECT count(*) FROM events')
 echo "=== saturation: $(awk '/Requests\/sec/ {print $2}' "$work/saturation.txt") SETs/s; \
