@@ -115,13 +115,14 @@ public struct Persistence: Sendable {
         /// It failed in a way no retry can mend (a value the ledger cannot hold, a dead letter
         /// the cluster will never take, a step recorded by another owner).
         case refused(any Error)
-        /// The process is stopping.
+        /// The process is stopping (or the attempts a caller allowed ran out): leave it for later.
         case stopped
     }
 
     /// Runs `body` until it succeeds, backing off between failures a retry may mend; a failure
-    /// that no retry can mend is returned at once, and counted.
-    public func attempting<T>(_ what: String, _ body: () async throws -> T) async -> Attempted<T> {
+    /// that no retry can mend is returned at once, and counted. With `maximumAttempts` (a caller
+    /// that must answer soon), `.stopped` once that many attempts failed.
+    public func attempting<T>(_ what: String, maximumAttempts: Int? = nil, _ body: () async throws -> T) async -> Attempted<T> {
         var attempt = 0
         while true {
             do {
@@ -131,6 +132,10 @@ public struct Persistence: Sendable {
                     observer.failedForGood(what)
                     logger.critical("\(what) failed for good; not retried", metadata: ["warden.reason": "\(error)"])
                     return .refused(error)
+                }
+                if let maximumAttempts, attempt + 1 >= maximumAttempts {
+                    logger.error("\(what) failed; left for later", metadata: ["warden.reason": "\(error)", "warden.attempt": "\(attempt)"])
+                    return .stopped
                 }
                 observer.retried(what)
                 logger.error("\(what) failed; will retry", metadata: ["warden.reason": "\(error)", "warden.attempt": "\(attempt)"])

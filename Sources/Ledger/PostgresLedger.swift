@@ -113,6 +113,8 @@ public final class PostgresLedger: Ledger {
             )
             """,
             "CREATE TABLE streams (issuer TEXT PRIMARY KEY, stream_id TEXT NOT NULL, updated_at DOUBLE PRECISION NOT NULL)",
+            // The pending steps, found without reading the others (the resume at start-up).
+            "CREATE INDEX steps_pending ON steps(event_id) WHERE status = 'pending'",
         ]),
     ]
 

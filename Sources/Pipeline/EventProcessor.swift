@@ -240,10 +240,14 @@ public struct EventProcessor: Sendable {
     /// A verification event with a `state` is taken only when Warden asked its issuer for that
     /// state (`warden stream verify`); its arrival is recorded for the one waiting. Any other
     /// token (a verification without a state too) is taken.
-    func verificationState(of token: SecurityEventToken) async -> StateCheck {
+    /// `maximumAttempts`: for a caller that must answer soon (a push request), how often the
+    /// ledger is tried before `.stopped` (answer "try again later"); nil: until it answers.
+    func verificationState(of token: SecurityEventToken, maximumAttempts: Int? = nil) async -> StateCheck {
         guard let state = token.verificationState else { return .taken }
         let issuer = token.issuer, now = Date().timeIntervalSince1970
-        switch await attempting("ledger", { try await ledger.verificationArrived(issuer: issuer, state: state, at: now) }) {
+        switch await attempting("ledger", maximumAttempts: maximumAttempts, {
+            try await ledger.verificationArrived(issuer: issuer, state: state, at: now)
+        }) {
         case .done(true): return .taken
         case .done(false): return .refused("the verification event's state matches no verification requested of \(issuer)")
         case .refused(let error): return .refused("the verification event's state cannot be looked up: \(error)")
@@ -471,7 +475,7 @@ public struct EventProcessor: Sendable {
         let started = ContinuousClock.now
         // Whitespace around a compact JWS (a trailing newline from a file or a shell) is not
         // part of it; a dead letter keeps the value as received, the ledger the token verified.
-        let result = await verifier.verify(trimmedASCIIWhitespace(message.value))
+        let result = await verifier.verify(trimmedASCIIWhitespace(message.value), claimsCheckedAt: message.claimsCheckedAt)
         metrics.verifySeconds.recordElapsed(since: started)
         return result.map(Verified.init)
     }
@@ -491,9 +495,10 @@ public struct EventProcessor: Sendable {
             issuedAt: verified.set.token.issuedAt, receivedAt: message.receivedAt)
     }
 
-    /// `persistence.attempting`: calls `body` until it succeeds, it fails for good, or the process stops.
-    func attempting<T>(_ what: String, _ body: () async throws -> T) async -> Persistence.Attempted<T> {
-        await persistence.attempting(what, body)
+    /// `persistence.attempting`: calls `body` until it succeeds, it fails for good, or the process
+    /// stops (or, with `maximumAttempts`, that many attempts failed: `.stopped`).
+    func attempting<T>(_ what: String, maximumAttempts: Int? = nil, _ body: () async throws -> T) async -> Persistence.Attempted<T> {
+        await persistence.attempting(what, maximumAttempts: maximumAttempts, body)
     }
 
     func backoff(_ attempt: Int) -> Double { persistence.backoff(attempt) }

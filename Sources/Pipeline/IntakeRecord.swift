@@ -7,11 +7,15 @@ public struct IntakeMessage: Sendable {
     /// Where it came from, for the ledger and the dead letter: `kafka:topic/partition/offset`, `push`, …
     public var source: String
     public var receivedAt: Double
+    /// For a token verified before and stored (an event resumed from the ledger): the time its
+    /// claims are judged at (`max-age`, `iat` in the future), when it first arrived. nil: now.
+    public var claimsCheckedAt: Double?
 
-    public init(value: [UInt8], source: String, receivedAt: Double) {
+    public init(value: [UInt8], source: String, receivedAt: Double, claimsCheckedAt: Double? = nil) {
         self.value = value
         self.source = source
         self.receivedAt = receivedAt
+        self.claimsCheckedAt = claimsCheckedAt
     }
 }
 

@@ -17,6 +17,10 @@ public struct KafkaPushDestination: PushDestination {
     let producer: KafkaProducer
     let topic: String
 
+    /// Tries of the ledger a request makes before its sender is told to come back (`503`): a
+    /// request must not wait for a ledger outage to end.
+    static let ledgerAttempts = 3
+
     /// The header that tells where a message on the topic came from.
     public static let sourceHeader = "source"
 
@@ -38,7 +42,7 @@ public struct KafkaPushDestination: PushDestination {
         case .success(let verified):
             let token = verified.set.token
             // A verification event's state is checked here: its sender hears invalid_state.
-            switch await processor.verificationState(of: token) {
+            switch await processor.verificationState(of: token, maximumAttempts: Self.ledgerAttempts) {
             case .taken: break
             case .refused(let description): return await refuse(message, code: SETErrorCode.invalidState.rawValue, description: description)
             case .stopped: return .unavailable
@@ -71,7 +75,9 @@ public struct KafkaPushDestination: PushDestination {
         ])
         let rejection = Rejection(token: message.value, source: message.source, code: code, description: description,
                                   receivedAt: message.receivedAt)
-        if case .stopped = await processor.attempting("ledger", { try await processor.ledger.recordRejection(rejection) }) {
+        if case .stopped = await processor.attempting("ledger", maximumAttempts: Self.ledgerAttempts, {
+            try await processor.ledger.recordRejection(rejection)
+        }) {
             return .unavailable
         }
         return .refused(code: code)

@@ -229,9 +229,20 @@ public enum PushOutcome: Sendable, Equatable {
     case unavailable
 }
 
-/// Where a pushed SET is persisted before its sender hears `202`.
+/// Where a pushed (or polled) SET is persisted before its sender hears `202` (or its `ack`).
 public protocol PushDestination: Sendable {
     func persist(_ message: IntakeMessage) async -> PushOutcome
+    /// Several at once (one poll answer), taken in their order: one subject's events keep it.
+    func persist(all messages: [IntakeMessage]) async -> [PushOutcome]
+}
+
+extension PushDestination {
+    /// One after the other.
+    public func persist(all messages: [IntakeMessage]) async -> [PushOutcome] {
+        var outcomes: [PushOutcome] = []
+        for message in messages { outcomes.append(await persist(message)) }
+        return outcomes
+    }
 }
 
 /// Pushed SETs into the ledger: each becomes a record for the pipeline (`PushIntake` runs it),
@@ -243,13 +254,26 @@ public final class LedgerPushDestination: PushDestination {
     public init() {}
 
     public func persist(_ message: IntakeMessage) async -> PushOutcome {
-        let acknowledgement = PushAcknowledgement()
-        guard records.submit(IntakeRecord(message, acknowledgement: acknowledgement)) else { return .unavailable }
-        switch await acknowledgement.answer() {
-        case .recorded, .duplicate: return .accepted
-        case .rejected(let code, _): return .refused(code: code)
-        case .abandoned: return .unavailable
+        await persist(all: [message])[0]
+    }
+
+    /// Handed to the pipeline together, in order (its lanes keep one subject's events in it),
+    /// then each answered as it becomes durable.
+    public func persist(all messages: [IntakeMessage]) async -> [PushOutcome] {
+        let acknowledgements = messages.map { _ in PushAcknowledgement() }
+        guard records.submit(zip(messages, acknowledgements).map { IntakeRecord($0, acknowledgement: $1) }) else {
+            return messages.map { _ in .unavailable }
         }
+        var outcomes: [PushOutcome] = []
+        outcomes.reserveCapacity(messages.count)
+        for acknowledgement in acknowledgements {
+            switch await acknowledgement.answer() {
+            case .recorded, .duplicate: outcomes.append(.accepted)
+            case .rejected(let code, _): outcomes.append(.refused(code: code))
+            case .abandoned: outcomes.append(.unavailable)
+            }
+        }
+        return outcomes
     }
 }
 
@@ -386,7 +410,8 @@ public struct PushIntake: Service {
         await withGracefulShutdownHandler {
             // The first page of what was left goes in ahead of any request already waiting.
             var page = await resume.nextPage()
-            if let first = page { feed.submitFront(first.records) }
+            // Closed meanwhile (the process is stopping): nothing of the page was taken.
+            if let first = page, !feed.submitFront(first.records) { page = nil }
             await withDiscardingTaskGroup { group in
                 group.addTask { await pipeline.run(feed) }
                 // One page at a time: however much was left, what is held in memory is bounded.
@@ -397,7 +422,11 @@ public struct PushIntake: Service {
                 }
             }
         } onGracefulShutdown: {
+            // The receiver has answered its requests by now (it stops first). Steps under way
+            // finish their attempt; what waits for a retry or for keys is left pending in the
+            // ledger, and the next start resumes it.
             feed.close()
+            pipeline.processor.stop.stop()
         }
         pipeline.processor.stop.stop()
     }
@@ -471,7 +500,10 @@ final class PendingStepsResume: Sendable {
             processor.metrics.counter("warden_events_resumed_total").increment(by: events.count)
             let page = Page(count: events.count, isLast: events.count < Self.pageSize)
             let records = events.map { event in
-                IntakeRecord(IntakeMessage(value: event.token, source: Self.source, receivedAt: Date().timeIntervalSince1970),
+                // Its claims are judged as of when it first arrived: a `max-age` passed during an
+                // outage must not strand steps whose SET was acknowledged.
+                IntakeRecord(IntakeMessage(value: event.token, source: Self.source, receivedAt: Date().timeIntervalSince1970,
+                                           claimsCheckedAt: event.receivedAt),
                              acknowledgement: ResumeAcknowledgement(eventID: event.id, page: page, metrics: processor.metrics,
                                                                     logger: processor.logger))
             }

@@ -54,7 +54,8 @@ public final class PollClient: Sendable {
 
     let settings: Settings
     let call: TransmitterCall
-    let persist: @Sendable ([UInt8]) async -> PolledOutcome
+    /// Persists one answer's SETs, in their order; an outcome for each.
+    let persist: @Sendable ([[UInt8]]) async -> [PolledOutcome]
     let logger: Logger
     /// Told of each request's answer (`"200"`, `"429"`, `"error"`): a metric.
     let observe: @Sendable (String) -> Void
@@ -62,7 +63,7 @@ public final class PollClient: Sendable {
 
     public init(settings: Settings, credentials: any StreamCredentials, http: HTTPClient, logger: Logger,
                 observe: @escaping @Sendable (String) -> Void = { _ in },
-                persist: @escaping @Sendable ([UInt8]) async -> PolledOutcome) {
+                persist: @escaping @Sendable ([[UInt8]]) async -> [PolledOutcome]) {
         self.settings = settings
         self.call = TransmitterCall(http: http, credentials: credentials, timeout: settings.requestTimeout)
         self.persist = persist
@@ -115,18 +116,20 @@ public final class PollClient: Sendable {
         guard case .object(let object) = sets else { return .failed(retryAfter: nil) }
         let delivered = object["sets"]?.objectValue ?? [:]
         let more = object["moreAvailable"]?.boolValue ?? false
-        // Each SET persisted at once; the acknowledgements go with the next request.
-        let outcomes = await withTaskGroup(of: (String, PolledOutcome).self) { group in
-            for (jti, value) in delivered {
-                guard let token = value.stringValue else {
-                    group.addTask { (jti, .refused(code: "invalid_request", description: "the value is not a compact SET string")) }
-                    continue
-                }
-                group.addTask { (jti, await self.persist(Array(token.utf8))) }
+        // The SETs persisted together, in the order the transmitter gave them (one subject's
+        // events keep it); the acknowledgements go with the next request.
+        var outcomes: [(String, PolledOutcome)] = []
+        var tokens: [(jti: String, token: [UInt8])] = []
+        for (jti, value) in delivered {
+            if let token = value.stringValue {
+                tokens.append((jti, Array(token.utf8)))
+            } else {
+                outcomes.append((jti, .refused(code: "invalid_request", description: "the value is not a compact SET string")))
             }
-            var outcomes: [(String, PolledOutcome)] = []
-            for await outcome in group { outcomes.append(outcome) }
-            return outcomes
+        }
+        if !tokens.isEmpty {
+            let persisted = await persist(tokens.map(\.token))
+            outcomes += zip(tokens.map(\.jti), persisted).map { ($0, $1) }
         }
         pending.withLock { p in
             for (jti, outcome) in outcomes {
@@ -148,6 +151,11 @@ public final class PollClient: Sendable {
     }
 
     private let lastRetryAfter = Mutex<Double?>(nil)
+    /// Requests refused in a row with a status no retry mends (a 4xx other than 429).
+    private let refusedInARow = Mutex(0)
+    /// After this many, what is pending is dropped: the transmitter sends unacknowledged SETs
+    /// again, so nothing is lost, and one entry it will not take cannot stop the stream.
+    static let refusalsBeforeDropping = 3
 
     /// Sends one poll request; the answer's JSON, or nil when it failed (logged, counted). What
     /// was acknowledged is no longer pending once the transmitter answered 200.
@@ -173,14 +181,31 @@ public final class PollClient: Sendable {
         }
         observe("\(answer.status)")
         guard answer.status == 200 else {
-            lastRetryAfter.withLock { $0 = retryAfter(answer.headers) }
+            // Waiting is bounded whatever the transmitter asks.
+            lastRetryAfter.withLock { $0 = retryAfter(answer.headers).map { min($0, 5 * settings.maximumBackoff) } }
+            if (400..<500).contains(answer.status), answer.status != 429, !acks.isEmpty || !errors.isEmpty {
+                let refusals = refusedInARow.withLock { n -> Int in n += 1; return n }
+                if refusals >= Self.refusalsBeforeDropping {
+                    refusedInARow.withLock { $0 = 0 }
+                    pending.withLock { p in
+                        p.acks.removeFirst(min(acks.count, p.acks.count))
+                        p.errors.removeFirst(min(errors.count, p.errors.count))
+                    }
+                    logger.error("the transmitter keeps refusing this poll request; its acknowledgements and errors are dropped (it sends those SETs again)", metadata: [
+                        "warden.endpoint": "\(settings.endpoint)", "warden.status": "\(answer.status)",
+                        "warden.acks": "\(acks.count)", "warden.errors": "\(errors.count)",
+                    ])
+                }
+            }
             logger.warning("poll refused; will retry", metadata: [
                 "warden.endpoint": "\(settings.endpoint)", "warden.status": "\(answer.status)",
                 "warden.retry_after": "\(retryAfter(answer.headers).map { "\($0)" } ?? "-")",
             ])
             return nil
         }
-        // Sent and taken: what was acknowledged or reported is no longer pending.
+        refusedInARow.withLock { $0 = 0 }
+        // Sent and taken: what was acknowledged or reported is no longer pending (nothing is
+        // added meanwhile: `round` persists only after its request, and `flush` runs after `poll`).
         pending.withLock { p in
             p.acks.removeFirst(min(acks.count, p.acks.count))
             p.errors.removeFirst(min(errors.count, p.errors.count))

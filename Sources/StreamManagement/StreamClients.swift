@@ -378,6 +378,10 @@ public struct SSFStream: StreamManager {
         guard let delivery = stream.objectValue?["delivery"]?.objectValue, let url = delivery["endpoint_url"]?.stringValue else {
             throw StreamError(.invalidAnswer, "the stream's delivery names no endpoint_url to poll")
         }
+        // The credentials go with every poll: only over https (http on loopback, for tests).
+        guard let parsed = URL(string: url), parsed.host != nil, parsed.scheme == "https" || (parsed.scheme == "http" && allowsHTTP(parsed)) else {
+            throw StreamError(.invalidAnswer, "the stream's poll endpoint \(url) is not an https URL: not used")
+        }
         return url
     }
 }

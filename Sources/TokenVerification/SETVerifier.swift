@@ -64,17 +64,20 @@ public final class SETVerifier: Sendable {
     }
 
     /// Verifies a compact JWS given as bytes (a Kafka message value, a request body).
-    public func verify(_ token: some Collection<UInt8>) async -> Result<VerifiedSET, VerificationError> {
+    /// `claimsCheckedAt` (seconds since 1970): the time its claims are judged at (`iat` in the
+    /// future, `max-age`, a logout token's `exp`) instead of now — for a token verified before
+    /// and stored, judged as of when it arrived. Keys are always judged now.
+    public func verify(_ token: some Collection<UInt8>, claimsCheckedAt: Double? = nil) async -> Result<VerifiedSET, VerificationError> {
         // Fast path: the issuer's keys are at hand, so everything happens in place, without
         // suspending or copying the token.
-        let first = token.withContiguousStorageIfAvailable { attempt($0, keys: .cached) }
-            ?? Array(token).withUnsafeBufferPointer { attempt($0, keys: .cached) }
+        let first = token.withContiguousStorageIfAvailable { attempt($0, keys: .cached, claimsCheckedAt: claimsCheckedAt) }
+            ?? Array(token).withUnsafeBufferPointer { attempt($0, keys: .cached, claimsCheckedAt: claimsCheckedAt) }
         let issuer: Issuer, keyID: String, claims: JSONObject
         switch first {
         case .done(let result): return result
         case .needsKeys(let i, let k, let c): (issuer, keyID, claims) = (i, k, c)
         }
-        var result = await verifyNeedingKeys(token, issuer: issuer, keyID: keyID)
+        var result = await verifyNeedingKeys(token, issuer: issuer, keyID: keyID, claimsCheckedAt: claimsCheckedAt)
         // A token that waits for keys holds back the later events of its subject (as it claims
         // it, unverified): they must not act before it.
         if case .failure(var error) = result, error.isRetryable {
@@ -85,7 +88,7 @@ public final class SETVerifier: Sendable {
         return result
     }
 
-    private func verifyNeedingKeys(_ token: some Collection<UInt8>, issuer: Issuer, keyID: String) async
+    private func verifyNeedingKeys(_ token: some Collection<UInt8>, issuer: Issuer, keyID: String, claimsCheckedAt: Double?) async
         -> Result<VerifiedSET, VerificationError>
     {
 
@@ -111,7 +114,7 @@ public final class SETVerifier: Sendable {
             }
         }
         return Array(token).withUnsafeBufferPointer { buffer in
-            guard case .done(let result) = attempt(buffer, keys: .resolved(entry)) else {
+            guard case .done(let result) = attempt(buffer, keys: .resolved(entry), claimsCheckedAt: claimsCheckedAt) else {
                 preconditionFailure("a resolved key never asks for keys")
             }
             return result
@@ -134,7 +137,7 @@ public final class SETVerifier: Sendable {
     }
 
     /// Verifies in place, in the caller's buffer, without suspending.
-    private func attempt(_ token: UnsafeBufferPointer<UInt8>, keys: KeyChoice) -> Attempt {
+    private func attempt(_ token: UnsafeBufferPointer<UInt8>, keys: KeyChoice, claimsCheckedAt: Double?) -> Attempt {
         do throws(VerificationError) {
             let parsed = try ParsedToken(token, maximumBytes: maximumTokenBytes)
             let issuer = try selectIssuer(parsed)
@@ -149,7 +152,7 @@ public final class SETVerifier: Sendable {
                 }
                 entry = cached
             }
-            return .done(.success(try finish(parsed, token: token, issuer: issuer, entry: entry, now: now)))
+            return .done(.success(try finish(parsed, token: token, issuer: issuer, entry: entry, now: claimsCheckedAt ?? now)))
         } catch {
             return .done(.failure(error))
         }

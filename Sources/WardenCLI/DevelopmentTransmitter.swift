@@ -48,8 +48,13 @@ struct DevelopmentKeys {
             "private_key": .string(keys.key.privateKeyPEM!),
         ])
         let file = directory.appendingPathComponent(fileName)
-        guard FileManager.default.createFile(atPath: file.path, contents: Data(secret.jsonText.utf8), attributes: [.posixPermissions: 0o600])
-        else { throw ConfigError(path: "", "cannot write \(file.path)") }
+        // Created readable by its owner only, from the start.
+        let descriptor = open(file.path, O_WRONLY | O_CREAT | O_EXCL, 0o600)
+        guard descriptor >= 0 else { throw ConfigError(path: "", "cannot create \(file.path): \(String(cString: strerror(errno)))") }
+        let bytes = Array(secret.jsonText.utf8)
+        let written = bytes.withUnsafeBytes { write(descriptor, $0.baseAddress, $0.count) }
+        close(descriptor)
+        guard written == bytes.count else { throw ConfigError(path: "", "cannot write \(file.path)") }
         try (keys.jwks + "\n").write(to: directory.appendingPathComponent("jwks.json"), atomically: true, encoding: .utf8)
         return (keys, true)
     }

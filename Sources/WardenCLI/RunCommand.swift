@@ -319,12 +319,15 @@ struct PollService: Service {
             let client = PollClient(
                 settings: .init(endpoint: endpoint), credentials: credentials, http: self.client, logger: logger,
                 observe: { status in metrics.counter("warden_poll_requests_total", [("issuer", issuer), ("status", status)]).increment() }
-            ) { token in
-                metrics.received(source: "poll")
-                switch await destination.persist(IntakeMessage(value: token, source: "poll", receivedAt: Date().timeIntervalSince1970)) {
-                case .accepted: return .persisted
-                case .refused(let code): return .refused(code: code, description: PushReceiver.publicDescription(code))
-                case .unavailable: return .notNow
+            ) { tokens in
+                metrics.received(source: "poll", count: tokens.count)
+                let now = Date().timeIntervalSince1970
+                return await destination.persist(all: tokens.map { IntakeMessage(value: $0, source: "poll", receivedAt: now) }).map {
+                    switch $0 {
+                    case .accepted: .persisted
+                    case .refused(let code): .refused(code: code, description: PushReceiver.publicDescription(code))
+                    case .unavailable: .notNow
+                    }
                 }
             }
             poller.withLock { $0 = client }
@@ -342,6 +345,14 @@ struct PollService: Service {
             do {
                 guard let ssf = manager as? SSFStream else { return nil }
                 return try await ssf.pollEndpoint()
+            } catch where !error.isRetryable && error.kind != .refused {
+                // Settings that cannot work (no stream id, an endpoint that is not https): said
+                // once, not retried for ever.
+                logger.critical("this stream cannot be polled; fix its configuration", metadata: [
+                    "warden.iss": "\(stream.issuer)", "warden.reason": "\(error)",
+                ])
+                metrics.counter("warden_permanent_failures_total", [("what", "poll")]).increment()
+                return nil
             } catch {
                 logger.warning("cannot find the stream's poll endpoint; will retry", metadata: [
                     "warden.iss": "\(stream.issuer)", "warden.reason": "\(error)",

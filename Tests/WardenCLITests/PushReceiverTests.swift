@@ -376,7 +376,8 @@ struct PushReceiverTests {
         let redis = try await RedisServer()
         let hooks = try await KeyServer.start()
         hooks.serve("/hook", .init(body: "", status: 503))  // down until the test says otherwise
-        let setup = try Setup(bearerTokens: false, extra: """
+        // A max-age shorter than the outage: the resumed SET is judged as of when it arrived.
+        let setup = try Setup(keySource: "jwks-file: jwks.json\n    max-age: 4s", bearerTokens: false, extra: """
             targets:
               sessions: {redis: "redis://127.0.0.1:\(redis.port)/0"}
               app: {webhook: {url: "\(hooks.url("/hook"))", hmac-secret: test-secret}}
@@ -405,6 +406,7 @@ struct PushReceiverTests {
         _ = try await redis.cli(["DEL", "step-one:u9"])
         hooks.serve("/hook", .init(body: "", status: 200))
         let failingCalls = hooks.requests("/hook")
+        try await Task.sleep(for: .seconds(4))  // the SET is now older than max-age
         let second = try WorkerProcess(config: setup.config)
         _ = try await second.announcedPort("receiver")
         try await WorkerTests.waitFor("the event processed after the restart, with nothing pushed again") {
