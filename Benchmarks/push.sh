@@ -11,7 +11,8 @@ work=${BENCH_TOKENS_DIR:-$(mktemp -d)}
 mkdir -p "$work"
 "$bin/PushBenchmark" "$work" "$tokens"
 rm -f "$work/ledger.sqlite" "$work/ledger.sqlite-wal" "$work/ledger.sqlite-shm"
-"$bin/warden" run --config "$work/push.yaml" > "$work/warden.out" 2> "$work/warden.err" &
+# Per-event log lines off, as make bench-pipeline runs the worker.
+WARDEN_LOG_LEVEL=warning "$bin/warden" run --config "$work/push.yaml" > "$work/warden.out" 2> "$work/warden.err" &
 pid=$!
 trap 'kill -TERM $pid 2>/dev/null || true; wait $pid 2>/dev/null || true' EXIT
 for _ in $(seq 100); do
