@@ -12,7 +12,7 @@ guard arguments.count > 1 else {
     exit(2)
 }
 let directory = URL(fileURLWithPath: arguments[1])
-let count = arguments.count > 2 ? Int(arguments[2]) ?? 60_000 : 60_000
+let count = arguments.count > 2 ? Int(arguments[2]) ?? 80_000 : 80_000
 let issuer = "https://accounts.google.com/"
 let audience = "1234-abc.apps.googleusercontent.com"
 let tokensFile = directory.appendingPathComponent("tokens-\(count).txt")
