@@ -1,3 +1,4 @@
+import Foundation
 public import AsyncHTTPClient
 public import NIOCore
 public import NIOHTTP1
@@ -72,4 +73,26 @@ extension HTTPClient {
 
 private func wholeOrFraction(_ seconds: Double) -> String {
     seconds.rounded() == seconds && seconds < 1e9 ? String(Int(seconds)) : String(seconds)
+}
+
+/// The small pieces of HTTP every outgoing call shares.
+public enum HTTPRules {
+    /// `application/x-www-form-urlencoded` encoding of one name or value (also the form a client
+    /// id and secret take inside HTTP Basic credentials, RFC 6749 §2.3.1).
+    public static func formEncoded(_ text: String) -> String {
+        var allowed = CharacterSet.alphanumerics
+        allowed.insert(charactersIn: "-._*")
+        return (text.addingPercentEncoding(withAllowedCharacters: allowed) ?? text).replacingOccurrences(of: "%20", with: "+")
+    }
+
+    /// `Retry-After`: delay seconds or an HTTP date, as seconds from now.
+    public static func retryAfter(_ value: String) -> Double? {
+        if let seconds = Double(value.trimmingCharacters(in: .whitespaces)), seconds >= 0 { return seconds }
+        let formatter = DateFormatter()
+        formatter.locale = Locale(identifier: "en_US_POSIX")
+        formatter.timeZone = TimeZone(identifier: "GMT")
+        formatter.dateFormat = "EEE, dd MMM yyyy HH:mm:ss zzz"
+        guard let date = formatter.date(from: value) else { return nil }
+        return max(0, date.timeIntervalSinceNow)
+    }
 }

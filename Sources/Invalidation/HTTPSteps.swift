@@ -27,12 +27,12 @@ public struct RevocationClient: Sendable {
             if let clientID { form.append(("client_id", clientID)) }
         case .clientSecretBasic(let clientID, let secret):
             // RFC 6749 §2.3.1: each part form-encoded, then joined and base64-encoded.
-            let credentials = Self.formEncoded(clientID) + ":" + Self.formEncoded(secret)
+            let credentials = HTTPRules.formEncoded(clientID) + ":" + HTTPRules.formEncoded(secret)
             request.headers.add(name: "Authorization", value: "Basic " + Data(credentials.utf8).base64EncodedString())
         case .clientSecretPost(let clientID, let secret):
             form += [("client_id", clientID), ("client_secret", secret)]
         }
-        request.body = .bytes(ByteBuffer(string: form.map { Self.formEncoded($0.0) + "=" + Self.formEncoded($0.1) }
+        request.body = .bytes(ByteBuffer(string: form.map { HTTPRules.formEncoded($0.0) + "=" + HTTPRules.formEncoded($0.1) }
             .joined(separator: "&")))
         let where_ = endpoint.url.host ?? endpoint.url.absoluteString
         let response: HTTPExchange
@@ -48,7 +48,7 @@ public struct RevocationClient: Sendable {
         case 200..<300: return .done("revoked at \(where_)")
         case 429, 500..<600:
             return .retry("revocation endpoint \(where_) answered \(status)",
-                          after: response.headers.first(name: "Retry-After").flatMap(Self.retryAfter))
+                          after: response.headers.first(name: "Retry-After").flatMap(HTTPRules.retryAfter))
         default:
             let error = Self.oauthError(body)
             if error == "unsupported_token_type" {
@@ -65,23 +65,6 @@ public struct RevocationClient: Sendable {
         return error
     }
 
-    /// `Retry-After`: delay seconds or an HTTP date.
-    static func retryAfter(_ value: String) -> Double? {
-        if let seconds = Double(value.trimmingCharacters(in: .whitespaces)), seconds >= 0 { return seconds }
-        let formatter = DateFormatter()
-        formatter.locale = Locale(identifier: "en_US_POSIX")
-        formatter.timeZone = TimeZone(identifier: "GMT")
-        formatter.dateFormat = "EEE, dd MMM yyyy HH:mm:ss zzz"
-        guard let date = formatter.date(from: value) else { return nil }
-        return max(0, date.timeIntervalSinceNow)
-    }
-
-    /// `application/x-www-form-urlencoded` encoding of one name or value.
-    static func formEncoded(_ text: String) -> String {
-        var allowed = CharacterSet.alphanumerics
-        allowed.insert(charactersIn: "-._*")
-        return (text.addingPercentEncoding(withAllowedCharacters: allowed) ?? text).replacingOccurrences(of: "%20", with: "+")
-    }
 }
 
 /// `notify`: POSTs the normalized event to the app as JSON, signed:
@@ -114,7 +97,7 @@ public struct WebhookNotifier: Sendable {
             case 200..<300: return .done("webhook \(where_) answered \(status)")
             case 408, 429, 500..<600:
                 return .retry("webhook \(where_) answered \(status)",
-                              after: response.headers.first(name: "Retry-After").flatMap(RevocationClient.retryAfter))
+                              after: response.headers.first(name: "Retry-After").flatMap(HTTPRules.retryAfter))
             default: return .failed("webhook \(where_) refused the event: \(status)")
             }
         } catch {

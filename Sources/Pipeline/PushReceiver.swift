@@ -417,7 +417,8 @@ public struct PushIntake: Service {
                 // One page at a time: however much was left, what is held in memory is bounded.
                 while let current = page?.page {
                     await current.settled()
-                    guard !current.isLast, let next = await resume.nextPage(), feed.submit(next.records) else { break }
+                    // Ahead of requests still waiting in the feed: older events first.
+                    guard !current.isLast, let next = await resume.nextPage(), feed.submitFront(next.records) else { break }
                     page = next
                 }
             }

@@ -180,10 +180,11 @@ public actor OAuthClientCredentials: StreamCredentials {
         request.method = .POST
         request.headers.add(name: "Content-Type", value: "application/x-www-form-urlencoded")
         request.headers.add(name: "Accept", value: "application/json")
-        let credentials = Data((formEncode(settings.clientID) + ":" + formEncode(settings.clientSecret)).utf8).base64EncodedString()
+        let credentials = Data((HTTPRules.formEncoded(settings.clientID) + ":" + HTTPRules.formEncoded(settings.clientSecret)).utf8)
+            .base64EncodedString()
         request.headers.add(name: "Authorization", value: "Basic " + credentials)
         var form = "grant_type=client_credentials"
-        if let scope = settings.scope { form += "&scope=" + formEncode(scope) }
+        if let scope = settings.scope { form += "&scope=" + HTTPRules.formEncoded(scope) }
         request.body = .bytes(ByteBuffer(string: form))
         let answer: HTTPExchange
         do {
@@ -213,9 +214,3 @@ public actor OAuthClientCredentials: StreamCredentials {
     }
 }
 
-/// `application/x-www-form-urlencoded` for one value.
-func formEncode(_ text: String) -> String {
-    var allowed = CharacterSet.alphanumerics
-    allowed.insert(charactersIn: "-._~")
-    return text.addingPercentEncoding(withAllowedCharacters: allowed) ?? text
-}

@@ -83,9 +83,9 @@ struct TransmitterCall: Sendable {
     }
 }
 
-/// The seconds of a `Retry-After` header (a number of seconds; an HTTP date is not used).
+/// The seconds a `Retry-After` header asks to wait.
 func retryAfter(_ headers: HTTPHeaders) -> Double? {
-    headers.first(name: "Retry-After").flatMap { Double($0.trimmingCharacters(in: .whitespaces)) }.map { max(0, $0) }
+    headers.first(name: "Retry-After").flatMap(HTTPRules.retryAfter)
 }
 
 /// The error of a call the transmitter refused: the call, the status, what it means, and the

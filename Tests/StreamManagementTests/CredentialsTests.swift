@@ -101,8 +101,8 @@ struct CredentialsTests {
         #expect(try await credentials.authorization() == "Bearer at-3")
         let request = try #require(server.recordedRequests("/token").first)
         #expect(request.method == "POST")
-        #expect(request.body == "grant_type=client_credentials&scope=ssf.manage%20ssf.read")
-        #expect(request.headers["authorization"] == "Basic " + Data("warden%20client:s3cr%3Aet".utf8).base64EncodedString())
+        #expect(request.body == "grant_type=client_credentials&scope=ssf.manage+ssf.read")
+        #expect(request.headers["authorization"] == "Basic " + Data("warden+client:s3cr%3Aet".utf8).base64EncodedString())
         // A refusal names the status, not the secret.
         #expect(await credentials.invalidate("Bearer at-3"))
         do {
