@@ -146,6 +146,20 @@ struct StreamCommandTests {
         """
     }
 
+    /// A scratch folder with the test keys, a bearer-token file, and a config whose only issuer
+    /// is `ssf`'s, with this `stream:` section and `extra` top-level sections.
+    static func ssfConfig(_ ssf: KeyServer, bearer: String, stream: String, extra: String = "") throws -> (directory: URL, config: URL) {
+        let directory = try WorkerTests.keyFolder()
+        try (bearer + "\n").write(to: directory.appendingPathComponent("bearer"), atomically: true, encoding: .utf8)
+        let config = directory.appendingPathComponent("warden.yaml")
+        try """
+        \(Self.ssfIssuerSection(ssf, stream: stream))
+        \(extra)
+        ledger: sqlite:ledger.sqlite
+        """.write(to: config, atomically: true, encoding: .utf8)
+        return (directory, config)
+    }
+
     static func ssfToken(_ ssf: KeyServer, jti: String, key: SigningKey = WorkerTests.ec) throws -> String {
         try SETMinter.token(claims: [
             "iss": .string(ssf.baseURL), "aud": .string(WorkerTests.audience), "iat": .number(Date().timeIntervalSince1970.rounded(.down)),
@@ -161,20 +175,13 @@ struct StreamCommandTests {
              "events_requested":[],"events_delivered":[]}
             """, status: 201, headers: ["Content-Type": "application/json"]))
         ssf.serve("/status", json: #"{"stream_id":"strm-1","status":"enabled"}"#)
-        ssf.serve("/bearer-check", json: "{}")
-        let directory = try WorkerTests.keyFolder()
-        try "ssf-bearer-token-1\n".write(to: directory.appendingPathComponent("bearer"), atomically: true, encoding: .utf8)
-        let config = directory.appendingPathComponent("warden.yaml")
-        try """
-        \(Self.ssfIssuerSection(ssf, stream: """
+        let (directory, config) = try Self.ssfConfig(ssf, bearer: "ssf-bearer-token-1", stream: """
             api: ssf
             credentials-file: bearer
             delivery: {method: poll}
             events: [session-revoked, verification]
             description: warden test
-            """))
-        ledger: sqlite:ledger.sqlite
-        """.write(to: config, atomically: true, encoding: .utf8)
+            """)
 
         let created = try await Warden.run(["stream", "create", "--config", config.path])
         #expect(created.status == 0, "\(created.stderr)")
@@ -233,20 +240,12 @@ struct StreamCommandTests {
             .init(body: #"{"sets":{"p-1":"\#(good)"}}"#, headers: ["Content-Type": "application/json"]),
         ])
         ssf.serve("/poll", .init(body: #"{"sets":{}}"#, headers: ["Content-Type": "application/json"], delay: 0.3))
-        let directory = try WorkerTests.keyFolder()
-        try "poll-token\n".write(to: directory.appendingPathComponent("bearer"), atomically: true, encoding: .utf8)
-        let config = directory.appendingPathComponent("warden.yaml")
-        try """
-        \(Self.ssfIssuerSection(ssf, stream: """
+        let (directory, config) = try Self.ssfConfig(ssf, bearer: "poll-token", stream: """
             api: ssf
             credentials-file: bearer
             delivery: {method: poll, endpoint-url: "\(ssf.url("/poll"))"}
             events: [session-revoked]
-            """))
-        http:
-          listen: 127.0.0.1:0
-        ledger: sqlite:ledger.sqlite
-        """.write(to: config, atomically: true, encoding: .utf8)
+            """, extra: "http:\n  listen: 127.0.0.1:0")
         let ledgerPath = directory.appendingPathComponent("ledger.sqlite").path
         let worker = try WorkerProcess(config: config)
         let httpPort = try await worker.httpPort()
