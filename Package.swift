@@ -92,6 +92,7 @@ let package = Package(
             name: "Ledger",
             dependencies: [
                 "SecurityEvents", "DatabaseLocations",
+                .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "GRDBSQLite", package: "GRDB.swift"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),

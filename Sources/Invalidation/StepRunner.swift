@@ -81,13 +81,16 @@ public struct StepRecord: Sendable, Equatable {
     public var detail: String
     /// With an event's last step: the event's outcome, recorded in the same write.
     public var finishing: EventEnd?
+    /// How many times this process called the step's target for it (for the audit trail).
+    public var attempts: Int
 
-    public init(eventID: Int64, index: Int, failed: Bool, detail: String, finishing: EventEnd?) {
+    public init(eventID: Int64, index: Int, failed: Bool, detail: String, finishing: EventEnd?, attempts: Int = 1) {
         self.eventID = eventID
         self.index = index
         self.failed = failed
         self.detail = detail
         self.finishing = finishing
+        self.attempts = attempts
     }
 }
 
@@ -496,11 +499,11 @@ public struct StepRunner: Sendable {
         case .done(let detail):
             logger.info("step done", metadata: about().merging(["warden.detail": "\(detail)"]) { $1 })
             return .record(StepRecord(eventID: event.eventID, index: step.index, failed: false, detail: detail,
-                                      finishing: finishing(false)), deadLetter: nil)
+                                      finishing: finishing(false), attempts: attempts.attempt + 1), deadLetter: nil)
         case .failed(let reason):
             logger.critical("step failed permanently; dead-lettered", metadata: about().merging(["warden.reason": "\(reason)"]) { $1 })
             return .record(StepRecord(eventID: event.eventID, index: step.index, failed: true, detail: reason,
-                                      finishing: finishing(true)), deadLetter: "\(step.kind) step \(step.index) failed: \(reason)")
+                                      finishing: finishing(true), attempts: attempts.attempt + 1), deadLetter: "\(step.kind) step \(step.index) failed: \(reason)")
         case .retry(let reason, let after):
             observer.retried("step")
             logger.warning("step will be retried", metadata: about().merging([

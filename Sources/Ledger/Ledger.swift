@@ -92,13 +92,16 @@ public struct RecordedStep: Sendable, Equatable {
     public var detail: String
     /// With an event's last step: the event's outcome, recorded in the same write.
     public var finishing: EventOutcome?
+    /// How many times the step's target was called for it.
+    public var attempts: Int
 
-    public init(eventID: Int64, index: Int, status: StepStatus, detail: String, finishing: EventOutcome? = nil) {
+    public init(eventID: Int64, index: Int, status: StepStatus, detail: String, finishing: EventOutcome? = nil, attempts: Int = 1) {
         self.eventID = eventID
         self.index = index
         self.status = status
         self.detail = detail
         self.finishing = finishing
+        self.attempts = attempts
     }
 }
 
@@ -222,6 +225,9 @@ public enum EventOutcome: String, Sendable, CaseIterable {
     case failed
     /// The subject named no local user: the steps that need one were not run.
     case unresolved
+
+    /// Whether nothing more will happen to the event (its audit record is written then).
+    public var isFinal: Bool { self == .processed || self == .failed || self == .unresolved }
 }
 
 /// A message that did not verify.

@@ -9,13 +9,13 @@ import PostgresNIO
 ///
 /// Its connection pool runs in `run()`, a service of the process's service group (it ends when
 /// the group shuts down, after the services that use it); `open()` migrates once it runs.
-public final class PostgresLedger: Ledger {
+public final class PostgresLedger: AuditingLedger {
     /// Where the database is: `postgres://user[:password]@host[:port]/database`.
     public typealias Location = PostgresLocation
 
     public let location: Location
     private let client: PostgresClient
-    private let logger: Logger
+    let logger: Logger
 
     /// Makes the connection pool; nothing connects until `run()`.
     public init(_ location: Location, logger: Logger) {
@@ -116,6 +116,28 @@ public final class PostgresLedger: Ledger {
             // The pending steps, found without reading the others (the resume at start-up).
             "CREATE INDEX steps_pending ON steps(event_id) WHERE status = 'pending'",
         ]),
+        // The audit trail (see the SQLite ledger's v6-audit). Replicas append to one chain: the
+        // head's row is locked from the append to the commit, so the chain's order is the order
+        // of commits.
+        ("v5-audit", [
+            "CREATE TABLE audit_records (seq BIGINT PRIMARY KEY, record TEXT NOT NULL, prev_hash TEXT NOT NULL, hash TEXT NOT NULL)",
+            "CREATE TABLE audit_head (id INTEGER PRIMARY KEY CHECK (id = 1), seq BIGINT NOT NULL, hash TEXT NOT NULL)",
+            "INSERT INTO audit_head (id, seq, hash) VALUES (1, 0, '\(AuditChain.genesis)')",
+            """
+            CREATE TABLE signing_keys (
+                issuer TEXT NOT NULL,
+                kid TEXT NOT NULL,
+                thumbprint TEXT NOT NULL,
+                jwk TEXT NOT NULL,
+                first_seen DOUBLE PRECISION NOT NULL,
+                last_seen DOUBLE PRECISION NOT NULL,
+                PRIMARY KEY (issuer, kid, thumbprint)
+            )
+            """,
+            "ALTER TABLE steps ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0",
+            "ALTER TABLE deliveries ADD COLUMN token_sha256 TEXT",
+            "CREATE INDEX deliveries_rejected ON deliveries(token_sha256) WHERE token_sha256 IS NOT NULL",
+        ]),
     ]
 
     private func migrate() async throws {
@@ -145,15 +167,27 @@ public final class PostgresLedger: Ledger {
     public func record(_ entries: [LedgerEntry]) async throws(LedgerError) -> [Claim?] {
         try await transaction("record") { connection in
             var claims: [Claim?] = []
+            var audit: [AuditRecord] = []
+            let now = Date().timeIntervalSince1970
             for entry in entries {
                 switch entry {
                 case .event(let event, let outcome, let steps):
-                    claims.append(try await self.claim(event, outcome: outcome, steps: steps, on: connection))
+                    let claim = try await self.claim(event, outcome: outcome, steps: steps, on: connection)
+                    switch claim {
+                    case .new(let id) where steps.isEmpty:
+                        audit.append(AuditRecord(event: event, eventID: id, kind: .event, outcome: outcome.rawValue, steps: [], recordedAt: now))
+                    case .new: break
+                    case .duplicate(let id):
+                        audit.append(AuditRecord(event: event, eventID: id, kind: .duplicate, outcome: "duplicate", steps: [], recordedAt: now))
+                    }
+                    claims.append(claim)
                 case .rejection(let rejection):
                     try await self.insert(rejection, on: connection)
+                    audit.append(AuditRecord(rejection: rejection, recordedAt: now))
                     claims.append(nil)
                 }
             }
+            try await self.append(audit, on: connection)
             return claims
         }
     }
@@ -197,8 +231,9 @@ public final class PostgresLedger: Ledger {
     private func insert(_ r: Rejection, on connection: PostgresConnection) async throws {
         let token = ByteBuffer(bytes: r.token)
         try await connection.query("""
-            INSERT INTO deliveries (event_id, source, received_at, verdict, error_code, error_description, token)
-            VALUES (NULL, \(r.source), \(r.receivedAt), 'invalid', \(r.code), \(storable(r.description)), \(token))
+            INSERT INTO deliveries (event_id, source, received_at, verdict, error_code, error_description, token, token_sha256)
+            VALUES (NULL, \(r.source), \(r.receivedAt), 'invalid', \(r.code), \(storable(r.description)), \(token),
+                    \(AuditChain.sha256Hex(r.token)))
             """, logger: logger)
     }
 
@@ -214,6 +249,10 @@ public final class PostgresLedger: Ledger {
                 "UPDATE events SET outcome = \(outcome.rawValue), updated_at = \(now) WHERE id = \(eventID) RETURNING id",
                 logger: self.logger).decode(Int64.self) { found = true }
             guard found else { throw LedgerError(.conflict, "no event with id \(eventID) in the ledger") }
+            if outcome.isFinal {
+                try await self.append([try await self.outcomeRecord(ofEvent: eventID, outcome: outcome, at: now, on: connection)],
+                                      on: connection)
+            }
         }
     }
 
@@ -227,10 +266,12 @@ public final class PostgresLedger: Ledger {
             let now = Date().timeIntervalSince1970
             var refusals: [LedgerError?] = []
             refusals.reserveCapacity(records.count)
+            var audit: [AuditRecord] = []
             for record in records {
                 var found = false
                 for try await _ in try await connection.query("""
-                    UPDATE steps SET status = \(record.status.rawValue), detail = \(storable(record.detail)), updated_at = \(now)
+                    UPDATE steps SET status = \(record.status.rawValue), detail = \(storable(record.detail)), updated_at = \(now),
+                                     attempts = attempts + \(record.attempts)
                     WHERE event_id = \(record.eventID) AND idx = \(record.index) AND status = 'pending' RETURNING idx
                     """, logger: self.logger).decode(Int.self) { found = true }
                 guard found else {
@@ -250,9 +291,11 @@ public final class PostgresLedger: Ledger {
                     try await connection.query(
                         "UPDATE events SET outcome = \(finishing.rawValue), updated_at = \(now) WHERE id = \(record.eventID)",
                         logger: self.logger)
+                    audit.append(try await self.outcomeRecord(ofEvent: record.eventID, outcome: finishing, at: now, on: connection))
                 }
                 refusals.append(nil)
             }
+            try await self.append(audit, on: connection)
             return refusals
         }
     }
@@ -385,7 +428,7 @@ public final class PostgresLedger: Ledger {
     /// Nothing to finish: every write is its own transaction. The pool closes when `run()` ends.
     public func close() async {}
 
-    private func transaction<T: Sendable>(_ what: String, _ body: (PostgresConnection) async throws -> T) async throws(LedgerError) -> T {
+    func transaction<T: Sendable>(_ what: String, _ body: (PostgresConnection) async throws -> T) async throws(LedgerError) -> T {
         do {
             return try await client.withTransaction(logger: logger) { connection in try await body(connection) }
         } catch {

@@ -9,11 +9,13 @@ import Synchronization
 /// Writes from many concurrent callers are grouped: a writer thread takes whatever is queued
 /// and writes it in one transaction, then answers every caller (if that transaction fails, each
 /// caller's write is tried again in a transaction of its own). One fsync then serves a whole batch.
-public final class SQLiteLedger: Ledger {
+public final class SQLiteLedger: AuditingLedger {
     public let path: String
     private let database: DatabaseQueue
     let writer: BatchWriter
     private let checkpointer: Checkpointer
+    /// Reads for audits and replays, beside the writer (WAL: each sees what is committed).
+    private let readDatabase: DatabaseQueue
 
     public init(path: String) throws(LedgerError) {
         self.path = path
@@ -60,6 +62,14 @@ public final class SQLiteLedger: Ledger {
         }
         writer = BatchWriter(database: database)
         checkpointer = try Checkpointer(path: path)
+        do {
+            var readOnly = Configuration()
+            readOnly.readonly = true
+            readOnly.busyMode = .timeout(10)
+            readDatabase = try DatabaseQueue(path: path, configuration: readOnly)
+        } catch {
+            throw LedgerError(.unavailable, "cannot open the SQLite ledger at \(path) for reading: \(error)")
+        }
     }
 
     /// Creates a ledger file with the schema as it was after `migration` (for tests of what a
@@ -165,13 +175,46 @@ public final class SQLiteLedger: Ledger {
                 );
                 """)
         }
+        // The audit trail: hash-chained records of what became of each delivery, with the
+        // chain's head beside them; every signing key fetched; each step's attempts; a digest of
+        // each rejected message, to find it again.
+        migrator.registerMigration("v6-audit") { db in
+            try db.execute(sql: """
+                CREATE TABLE audit_records (
+                    seq INTEGER PRIMARY KEY,
+                    record TEXT NOT NULL,
+                    prev_hash TEXT NOT NULL,
+                    hash TEXT NOT NULL
+                );
+                CREATE TABLE audit_head (
+                    id INTEGER PRIMARY KEY CHECK (id = 1),
+                    seq INTEGER NOT NULL,
+                    hash TEXT NOT NULL
+                );
+                INSERT INTO audit_head (id, seq, hash) VALUES (1, 0, '\(AuditChain.genesis)');
+                CREATE TABLE signing_keys (
+                    issuer TEXT NOT NULL,
+                    kid TEXT NOT NULL,
+                    thumbprint TEXT NOT NULL,
+                    jwk TEXT NOT NULL,
+                    first_seen REAL NOT NULL,
+                    last_seen REAL NOT NULL,
+                    PRIMARY KEY (issuer, kid, thumbprint)
+                ) WITHOUT ROWID;
+                ALTER TABLE steps ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0;
+                ALTER TABLE deliveries ADD COLUMN token_sha256 TEXT;
+                CREATE INDEX deliveries_rejected ON deliveries(token_sha256) WHERE token_sha256 IS NOT NULL;
+                """)
+        }
         return migrator
     }
 
     public func claim(_ event: LedgerEvent, outcome: EventOutcome, steps: [OutboxStep]) async throws(LedgerError) -> Claim {
         try await writer.submit { db in
             var writer = try EventWriter(db)
-            return try writer.claim(event, outcome: outcome, steps: steps)
+            let claim = try writer.claim(event, outcome: outcome, steps: steps)
+            try writer.audit.commit(in: db)
+            return claim
         }
     }
 
@@ -187,9 +230,11 @@ public final class SQLiteLedger: Ledger {
                 case .event(let event, let outcome, let steps): claims.append(try writer.claim(event, outcome: outcome, steps: steps))
                 case .rejection(let rejection):
                     try Self.insert(rejection, in: db)
+                    writer.audit.append(AuditRecord(rejection: rejection, recordedAt: writer.now))
                     claims.append(nil)
                 }
             }
+            try writer.audit.commit(in: db)
             return claims
         }
     }
@@ -204,6 +249,9 @@ public final class SQLiteLedger: Ledger {
         /// The outbox insert, looked up with the first event that has steps.
         var insertStep: Statement? = nil
         var binder = SQLiteBinder()
+        /// The audit records of what this write decides: appended to the chain at its end.
+        var audit = SQLiteAuditAppender()
+        let now = Date().timeIntervalSince1970
 
         init(_ db: Database) throws {
             self.db = db
@@ -258,6 +306,10 @@ public final class SQLiteLedger: Ledger {
                         $0.double(event.receivedAt)
                     }
                 }
+                if steps.isEmpty {
+                    audit.append(AuditRecord(event: event, eventID: id, kind: .event, outcome: outcome.rawValue, steps: [],
+                                             recordedAt: now))
+                }
                 return .new(eventID: id)
             }
             // Bound with their lengths, as the insert bound them: a text is never cut at a NUL.
@@ -272,23 +324,30 @@ public final class SQLiteLedger: Ledger {
             // The event row records its first delivery; later ones are recorded as duplicates.
             try db.cachedStatement(sql: "INSERT INTO deliveries (event_id, source, received_at, verdict) VALUES (?, ?, ?, 'duplicate')")
                 .execute(arguments: [id, event.source, event.receivedAt])
+            audit.append(AuditRecord(event: event, eventID: id, kind: .duplicate, outcome: "duplicate", steps: [], recordedAt: now))
             return .duplicate(eventID: id)
         }
     }
 
     private static func insert(_ rejection: Rejection, in db: Database) throws {
         try db.cachedStatement(sql: """
-            INSERT INTO deliveries (event_id, source, received_at, verdict, error_code, error_description, token)
-            VALUES (NULL, ?, ?, 'invalid', ?, ?, ?)
+            INSERT INTO deliveries (event_id, source, received_at, verdict, error_code, error_description, token, token_sha256)
+            VALUES (NULL, ?, ?, 'invalid', ?, ?, ?, ?)
             """).execute(arguments: [rejection.source, rejection.receivedAt, rejection.code, rejection.description,
-                                     Data(rejection.token)])
+                                     Data(rejection.token), AuditChain.sha256Hex(rejection.token)])
     }
 
     public func record(outcome: EventOutcome, forEvent eventID: Int64) async throws(LedgerError) {
         try await writer.submit(urgent: true) { db in
+            let now = Date().timeIntervalSince1970
             try db.cachedStatement(sql: "UPDATE events SET outcome = ?, updated_at = ? WHERE id = ?")
-                .execute(arguments: [outcome.rawValue, Date().timeIntervalSince1970, eventID])
+                .execute(arguments: [outcome.rawValue, now, eventID])
             guard db.changesCount == 1 else { throw LedgerError(.conflict, "no event with id \(eventID) in the ledger") }
+            if outcome.isFinal {
+                var audit = SQLiteAuditAppender()
+                try audit.appendOutcome(ofEvent: eventID, outcome: outcome, at: now, in: db)
+                try audit.commit(in: db)
+            }
         }
     }
 
@@ -298,9 +357,11 @@ public final class SQLiteLedger: Ledger {
             // Looked up once for the whole write, and bound without building arguments: one
             // write holds the outcomes of hundreds of steps.
             let recordStep = try db.cachedStatement(sql: """
-                UPDATE steps SET status = ?, detail = ?, updated_at = ? WHERE event_id = ? AND idx = ? AND status = 'pending'
+                UPDATE steps SET status = ?, detail = ?, updated_at = ?, attempts = attempts + ?
+                WHERE event_id = ? AND idx = ? AND status = 'pending'
                 """)
             var finishEvent: Statement? = nil
+            var audit = SQLiteAuditAppender()
             var binder = SQLiteBinder()
             var refusals: [LedgerError?] = []
             refusals.reserveCapacity(records.count)
@@ -311,6 +372,7 @@ public final class SQLiteLedger: Ledger {
                     $0.text(record.status.rawValue)
                     $0.text(record.detail)
                     $0.double(now)
+                    $0.integer(Int64(record.attempts))
                     $0.integer(record.eventID)
                     $0.integer(Int64(record.index))
                 }
@@ -328,9 +390,11 @@ public final class SQLiteLedger: Ledger {
                         $0.double(now)
                         $0.integer(record.eventID)
                     }
+                    try audit.appendOutcome(ofEvent: record.eventID, outcome: finishing, at: now, in: db)
                 }
                 refusals.append(nil)
             }
+            try audit.commit(in: db)
             return refusals
         }
         return RecordedSteps(refusals: refusals, durableAt: committedAt)
@@ -417,6 +481,8 @@ public final class SQLiteLedger: Ledger {
     public func isReachable() async -> Bool {
         (try? await writer.submit { db in try Int.fetchOne(db, sql: "SELECT 1") }) != nil
     }
+
+    func readConnection() -> DatabaseQueue { readDatabase }
 
     public func close() async {
         await writer.close()

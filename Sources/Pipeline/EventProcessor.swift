@@ -579,7 +579,7 @@ struct LedgerJournal: StepJournal {
     func record(_ outcomes: [StepRecord]) async throws(JournalError) -> JournalWrite {
         let records = outcomes.map {
             RecordedStep(eventID: $0.eventID, index: $0.index, status: $0.failed ? .failed : .done, detail: $0.detail,
-                         finishing: $0.finishing.map(EventOutcome.init))
+                         finishing: $0.finishing.map(EventOutcome.init), attempts: $0.attempts)
         }
         do {
             let written = try await ledger.recordSteps(records)

@@ -536,6 +536,8 @@ extension JSONValue {
                 case UInt8(ascii: "\n"): out += #"\n"#.utf8
                 case UInt8(ascii: "\r"): out += #"\r"#.utf8
                 case UInt8(ascii: "\t"): out += #"\t"#.utf8
+                case 0x08: out += #"\b"#.utf8
+                case 0x0C: out += #"\f"#.utf8
                 case ..<0x20:
                     out += #"\u00"#.utf8
                     out += [hexDigits[Int(byte >> 4)], hexDigits[Int(byte & 0xF)]]

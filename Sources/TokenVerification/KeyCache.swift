@@ -82,6 +82,14 @@ enum CacheControl {
     }
 }
 
+/// Keeps every key an issuer's JWKS published (the ledger's key archive), so tokens signed by a
+/// key the issuer has since removed can be verified again later.
+public protocol KeyArchiving: Sendable {
+    /// Called after each successful fetch with the usable keys it brought. Must not throw: a
+    /// failure is the archive's to report (the next fetch offers the keys again).
+    func keep(_ keys: [VerificationKey], issuer: String, seenAt time: Double) async
+}
+
 /// The keys of one issuer as last fetched, readable without waiting for the cache.
 public struct KeySnapshot: Sendable {
     public var keys: KeySet
@@ -105,6 +113,7 @@ public actor IssuerKeyCache {
     let fetcher: any KeyDocumentFetching
     let clock: WallClock
     let logger: Logger
+    let archive: (any KeyArchiving)?
 
     private nonisolated let published = Mutex<KeySnapshot?>(nil)
     private var inFlight: Task<Void, Never>?
@@ -116,7 +125,8 @@ public actor IssuerKeyCache {
     public private(set) var failureCount = 0
 
     public init(issuer: String, source: KeySource, settings: KeyCacheSettings, fetcher: any KeyDocumentFetching,
-                clock: WallClock = .system, logger: Logger) {
+                clock: WallClock = .system, logger: Logger, archive: (any KeyArchiving)? = nil) {
+        self.archive = archive
         self.issuer = issuer
         self.source = source
         self.settings = settings
@@ -225,6 +235,11 @@ public actor IssuerKeyCache {
                                        usableUntil: now + lifetime + settings.maximumStaleness)
             published.withLock { $0 = snapshot }
             lastFailure = nil
+            if let archive {
+                // Beside the verifications waiting for these keys, never in their way.
+                let usable = keys.usableKeys, issuer = self.issuer
+                Task { await archive.keep(usable, issuer: issuer, seenAt: now) }
+            }
             for entry in keys.entries.values {
                 if case .unusable(let kid, let reason) = entry {
                     logger.warning("unusable key in JWKS", metadata: ["warden.issuer": "\(issuer)", "warden.kid": "\(kid)",

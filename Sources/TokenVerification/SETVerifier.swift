@@ -33,12 +33,17 @@ public final class SETVerifier: Sendable {
     public final class Issuer: Sendable {
         public let policy: IssuerPolicy
         public let keys: IssuerKeyCache
+        /// Keys from the ledger's archive, by `kid`: used before the live keys, so a token signed
+        /// by a key the issuer has since removed verifies if that key was ever seen (replay). A
+        /// `kid` not in it is looked up in the live keys as usual.
+        public let archived: [String: KeySetEntry]
         /// `policy.algorithms` as a bit mask.
         let algorithmMask: UInt32
 
-        public init(policy: IssuerPolicy, keys: IssuerKeyCache) {
+        public init(policy: IssuerPolicy, keys: IssuerKeyCache, archived: [String: KeySetEntry] = [:]) {
             self.policy = policy
             self.keys = keys
+            self.archived = archived
             self.algorithmMask = JOSEAlgorithm.mask(policy.algorithms)
         }
     }
@@ -147,6 +152,10 @@ public final class SETVerifier: Sendable {
             case .resolved(let resolved):
                 entry = resolved
             case .cached:
+                if !issuer.archived.isEmpty, let archived = issuer.archived[parsed.keyID] {
+                    entry = archived
+                    break
+                }
                 guard let cached = issuer.keys.freshEntry(keyID: parsed.keyID, at: now) else {
                     return .needsKeys(issuer, keyID: parsed.keyID, claims: parsed.claims)
                 }

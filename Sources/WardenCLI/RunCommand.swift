@@ -76,7 +76,7 @@ struct Worker {
         // The cluster lives as long as this function.
         defer { withExtendedLifetime(cluster) {} }
 
-        let ledger: any Ledger
+        let ledger: any AuditingLedger
         // A PostgreSQL ledger's pool runs in the service group; the intake starts once it is migrated.
         var ledgerService: Background? = nil
         var openLedger: @Sendable () async throws -> Void = {}
@@ -107,9 +107,10 @@ struct Worker {
     }
 
     /// The worker's services; throws, starting nothing, when a part refuses its settings.
-    private func makeGroup(ledger: any Ledger, ledgerService: Background?, openLedger: @escaping @Sendable () async throws -> Void,
+    private func makeGroup(ledger: any AuditingLedger, ledgerService: Background?, openLedger: @escaping @Sendable () async throws -> Void,
                            brokers: String, client: HTTPClient) throws -> ServiceGroup {
-        let verifier = configuration.makeVerifier(client: client, logger: logger)
+        // Every key fetched is kept in the ledger's archive, for replays after the issuer removes it.
+        let verifier = configuration.makeVerifier(client: client, logger: logger, archive: LedgerKeyArchive(ledger: ledger, logger: logger))
         let registry = PrometheusCollectorRegistry()
         var factory = PrometheusMetricsFactory(registry: registry)
         factory.durationHistogramBuckets["warden_step_record_seconds"] = WardenMetrics.stepRecordBuckets

@@ -170,7 +170,7 @@ extension WardenCommand {
 
 /// A ledger opened for one command: SQLite, or PostgreSQL with its pool running until closed.
 struct OpenedLedger {
-    let ledger: any Ledger
+    let ledger: any AuditingLedger
     private let pool: Task<Void, Never>?
 
     init(_ location: LedgerLocation, logger: Logger) async throws {

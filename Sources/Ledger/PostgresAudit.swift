@@ -1,0 +1,164 @@
+import Foundation
+import PostgresNIO
+import SecurityEvents
+
+extension PostgresLedger {
+    /// Links `records` onto the chain inside the caller's transaction: the head's row stays
+    /// locked until it commits, so replicas append one after another.
+    func append(_ records: [AuditRecord], on connection: PostgresConnection) async throws {
+        guard !records.isEmpty else { return }
+        var linker: AuditChain.Linker? = nil
+        for try await (seq, hash) in try await connection.query("SELECT seq, hash FROM audit_head WHERE id = 1 FOR UPDATE",
+                                                                logger: logger).decode((Int64, String).self) {
+            linker = AuditChain.Linker(seq: seq, hash: hash)
+        }
+        guard var linker else { throw LedgerError(.refused, "the ledger has no audit chain head") }
+        for record in records {
+            let stored = linker.link(record)
+            try await connection.query("""
+                INSERT INTO audit_records (seq, record, prev_hash, hash)
+                VALUES (\(stored.seq), \(stored.record), \(stored.previousHash), \(stored.hash))
+                """, logger: logger)
+        }
+        try await connection.query("UPDATE audit_head SET seq = \(linker.seq), hash = \(linker.hash) WHERE id = 1", logger: logger)
+    }
+
+    /// The record of an event that has reached `outcome`, read from the event and its steps.
+    func outcomeRecord(ofEvent eventID: Int64, outcome: EventOutcome, at now: Double, on connection: PostgresConnection,
+                       kind: AuditRecord.Kind = .event, note: String? = nil) async throws -> AuditRecord {
+        var record: AuditRecord? = nil
+        let rows = try await connection.query("""
+            SELECT issuer, jti, token, source, event_types, subject, key_id, algorithm, key_thumbprint, issued_at, received_at
+            FROM events WHERE id = \(eventID)
+            """, logger: logger)
+        for try await (issuer, jti, token, source, types, subject, keyID, algorithm, thumbprint, issuedAt, receivedAt)
+            in rows.decode((String, String, String, String, String, String?, String, String, String, Double, Double).self) {
+            record = AuditRecord(kind: kind, eventID: eventID, source: source, receivedAt: receivedAt,
+                                 tokenSHA256: AuditChain.sha256Hex(Array(token.utf8)), issuer: issuer, jti: jti,
+                                 eventTypes: (try? JSONParser.parse(types))?.arrayValue?.compactMap(\.stringValue) ?? [],
+                                 subject: subject, keyID: keyID, algorithm: algorithm, keyThumbprint: thumbprint, issuedAt: issuedAt,
+                                 outcome: outcome.rawValue, note: note, recordedAt: now)
+        }
+        guard var record else { throw LedgerError(.conflict, "no event with id \(eventID) in the ledger") }
+        for try await (idx, kind, status, detail, attempts) in try await connection.query(
+            "SELECT idx, kind, status, detail, attempts FROM steps WHERE event_id = \(eventID) ORDER BY idx", logger: logger)
+            .decode((Int, String, String, String?, Int).self) {
+            record.steps.append(AuditRecord.Step(index: idx, kind: kind, status: StepStatus(rawValue: status) ?? .pending,
+                                                 detail: detail, attempts: attempts))
+        }
+        return record
+    }
+
+    public func archive(keys: [ArchivedKey], issuer: String, seenAt time: Double) async throws(LedgerError) {
+        _ = try await transaction("archive keys") { connection in
+            for key in keys {
+                try await connection.query("""
+                    INSERT INTO signing_keys (issuer, kid, thumbprint, jwk, first_seen, last_seen)
+                    VALUES (\(issuer), \(key.keyID), \(key.thumbprint), \(key.jwk), \(time), \(time))
+                    ON CONFLICT (issuer, kid, thumbprint) DO UPDATE SET last_seen = greatest(signing_keys.last_seen, excluded.last_seen)
+                    """, logger: self.logger)
+            }
+        }
+    }
+
+    public func archivedKeys() async throws(LedgerError) -> [ArchivedKey] {
+        try await transaction("read archived keys") { connection in
+            var keys: [ArchivedKey] = []
+            for try await (issuer, kid, thumbprint, jwk, first, last) in try await connection.query(
+                "SELECT issuer, kid, thumbprint, jwk, first_seen, last_seen FROM signing_keys ORDER BY issuer, kid, last_seen",
+                logger: self.logger).decode((String, String, String, String, Double, Double).self) {
+                keys.append(ArchivedKey(issuer: issuer, keyID: kid, thumbprint: thumbprint, jwk: jwk, firstSeen: first, lastSeen: last))
+            }
+            return keys
+        }
+    }
+
+    public func auditRecords(afterSeq: Int64, limit: Int) async throws(LedgerError) -> [StoredAuditRecord] {
+        try await transaction("read audit records") { connection in
+            var records: [StoredAuditRecord] = []
+            for try await (seq, record, previous, hash) in try await connection.query(
+                "SELECT seq, record, prev_hash, hash FROM audit_records WHERE seq > \(afterSeq) ORDER BY seq LIMIT \(limit)",
+                logger: self.logger).decode((Int64, String, String, String).self) {
+                records.append(StoredAuditRecord(seq: seq, record: record, previousHash: previous, hash: hash))
+            }
+            return records
+        }
+    }
+
+    public func auditHead() async throws(LedgerError) -> (seq: Int64, hash: String) {
+        try await transaction("read the audit head") { connection in
+            var head: (Int64, String) = (-1, "the head is missing")
+            for try await row in try await connection.query("SELECT seq, hash FROM audit_head WHERE id = 1", logger: self.logger)
+                .decode((Int64, String).self) { head = row }
+            return head
+        }
+    }
+
+    public func eventStates(_ keys: [EventKey]) async throws(LedgerError) -> [EventKey: EventState] {
+        try await transaction("read event states") { connection in
+            var states: [EventKey: EventState] = [:]
+            for key in keys {
+                var found: (Int64, String, String, String, Double)? = nil
+                for try await row in try await connection.query("""
+                    SELECT id, token, outcome, source, received_at FROM events WHERE issuer = \(key.issuer) AND jti = \(key.jti)
+                    """, logger: self.logger).decode((Int64, String, String, String, Double).self) { found = row }
+                guard let (id, token, outcome, source, receivedAt) = found else { continue }
+                var steps: [OutboxStep] = []
+                for try await (idx, kind, action, status, detail) in try await connection.query(
+                    "SELECT idx, kind, action, status, detail FROM steps WHERE event_id = \(id) ORDER BY idx", logger: self.logger)
+                    .decode((Int, String, String, String, String?).self) {
+                    steps.append(OutboxStep(index: idx, kind: kind, action: action, status: StepStatus(rawValue: status) ?? .pending,
+                                            detail: detail))
+                }
+                states[key] = EventState(id: id, tokenSHA256: AuditChain.sha256Hex(Array(token.utf8)),
+                                         outcome: EventOutcome(rawValue: outcome) ?? .claimed, source: source, receivedAt: receivedAt,
+                                         steps: steps)
+            }
+            return states
+        }
+    }
+
+    public func rejectedDigests(_ digests: [String]) async throws(LedgerError) -> Set<String> {
+        try await transaction("read rejections") { connection in
+            var found = Set<String>()
+            for try await digest in try await connection.query(
+                "SELECT DISTINCT token_sha256 FROM deliveries WHERE token_sha256 = ANY(\(digests))", logger: self.logger)
+                .decode(String.self) { found.insert(digest) }
+            return found
+        }
+    }
+
+    public func events(sourcePrefix: String, receivedFrom from: Double, to: Double, afterID: Int64, limit: Int) async throws(LedgerError)
+        -> [EventSummary]
+    {
+        try await transaction("read events") { connection in
+            var events: [EventSummary] = []
+            for try await (id, issuer, jti, types, outcome, receivedAt) in try await connection.query("""
+                SELECT id, issuer, jti, event_types, outcome, received_at FROM events
+                WHERE id > \(afterID) AND starts_with(source, \(sourcePrefix))
+                  AND received_at >= \(from) AND received_at < \(to)
+                ORDER BY id LIMIT \(limit)
+                """, logger: self.logger).decode((Int64, String, String, String, String, Double).self) {
+                events.append(EventSummary(id: id, issuer: issuer, jti: jti,
+                                           eventTypes: (try? JSONParser.parse(types))?.arrayValue?.compactMap(\.stringValue) ?? [],
+                                           outcome: EventOutcome(rawValue: outcome) ?? .claimed, receivedAt: receivedAt))
+            }
+            return events
+        }
+    }
+
+    public func reopenFailedSteps(ofEvent eventID: Int64, reason: String) async throws(LedgerError) -> Int {
+        try await transaction("reopen failed steps") { connection in
+            let now = Date().timeIntervalSince1970
+            var reopened = 0
+            for try await _ in try await connection.query("""
+                UPDATE steps SET status = 'pending', updated_at = \(now) WHERE event_id = \(eventID) AND status = 'failed' RETURNING idx
+                """, logger: self.logger).decode(Int.self) { reopened += 1 }
+            guard reopened > 0 else { return 0 }
+            try await connection.query("UPDATE events SET outcome = 'pending', updated_at = \(now) WHERE id = \(eventID)", logger: self.logger)
+            try await self.append([try await self.outcomeRecord(ofEvent: eventID, outcome: .pending, at: now, on: connection,
+                                                                kind: .reopened, note: reason)], on: connection)
+            return reopened
+        }
+    }
+}

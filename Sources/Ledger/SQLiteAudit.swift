@@ -1,0 +1,184 @@
+import Foundation
+internal import GRDB
+internal import GRDBSQLite
+import SecurityEvents
+
+/// Collects the audit records one write decides, and appends them to the chain before the write
+/// commits: records and outcomes are durable together, and the chain's order is the order of
+/// commits (the ledger has one writer).
+struct SQLiteAuditAppender {
+    private var records: [AuditRecord] = []
+    private var binder = SQLiteBinder()
+
+    mutating func append(_ record: AuditRecord) { records.append(record) }
+
+    /// The record of an event that has reached `outcome`, read from the event and its steps.
+    mutating func appendOutcome(ofEvent eventID: Int64, outcome: EventOutcome, at now: Double, in db: Database,
+                                kind: AuditRecord.Kind = .event, note: String? = nil) throws {
+        var record: AuditRecord? = nil
+        try binder.query(db.cachedStatement(sql: """
+            SELECT e.issuer, e.jti, coalesce(t.token, e.token), e.source, e.event_types, e.subject, e.key_id, e.algorithm,
+                   e.key_thumbprint, e.issued_at, e.received_at
+            FROM events e LEFT JOIN event_tokens t ON t.event_id = e.id WHERE e.id = ?
+            """), in: db, { $0.integer(eventID) }, row: { row in
+            let types = (try? JSONParser.parse(columnBytes(row, 4)))?.arrayValue?.compactMap(\.stringValue) ?? []
+            record = AuditRecord(kind: kind, eventID: eventID, source: columnText(row, 3) ?? "", receivedAt: sqlite3_column_double(row, 10),
+                                 tokenSHA256: AuditChain.sha256Hex(columnBytes(row, 2)), issuer: columnText(row, 0),
+                                 jti: columnText(row, 1), eventTypes: types, subject: columnText(row, 5),
+                                 keyID: columnText(row, 6), algorithm: columnText(row, 7), keyThumbprint: columnText(row, 8),
+                                 issuedAt: sqlite3_column_double(row, 9), outcome: outcome.rawValue, note: note, recordedAt: now)
+        })
+        guard var record else { throw LedgerError(.conflict, "no event with id \(eventID) in the ledger") }
+        try binder.query(db.cachedStatement(sql: "SELECT idx, kind, status, detail, attempts FROM steps WHERE event_id = ? ORDER BY idx"),
+                         in: db, { $0.integer(eventID) }, row: { row in
+            record.steps.append(AuditRecord.Step(index: Int(sqlite3_column_int64(row, 0)), kind: columnText(row, 1) ?? "",
+                                                 status: StepStatus(rawValue: columnText(row, 2) ?? "") ?? .pending,
+                                                 detail: columnText(row, 3), attempts: Int(sqlite3_column_int64(row, 4))))
+        })
+        records.append(record)
+    }
+
+    /// Links the collected records onto the chain and writes them, with the chain's new head.
+    mutating func commit(in db: Database) throws {
+        guard !records.isEmpty else { return }
+        var linker: AuditChain.Linker? = nil
+        try binder.query(db.cachedStatement(sql: "SELECT seq, hash FROM audit_head WHERE id = 1"), in: db, { _ in }, row: { row in
+            linker = AuditChain.Linker(seq: sqlite3_column_int64(row, 0), hash: columnText(row, 1) ?? "")
+        })
+        guard var linker else { throw LedgerError(.refused, "the ledger has no audit chain head") }
+        let insert = try db.cachedStatement(sql: "INSERT INTO audit_records (seq, record, prev_hash, hash) VALUES (?, ?, ?, ?)")
+        for record in records {
+            let stored = linker.link(record)
+            try binder.execute(insert, in: db) {
+                $0.integer(stored.seq)
+                $0.text(stored.record)
+                $0.text(stored.previousHash)
+                $0.text(stored.hash)
+            }
+        }
+        try binder.execute(db.cachedStatement(sql: "UPDATE audit_head SET seq = ?, hash = ? WHERE id = 1"), in: db) {
+            $0.integer(linker.seq)
+            $0.text(linker.hash)
+        }
+        records.removeAll()
+    }
+}
+
+private func columnText(_ row: OpaquePointer, _ column: Int32) -> String? {
+    guard sqlite3_column_type(row, column) != SQLITE_NULL, let text = sqlite3_column_text(row, column) else { return nil }
+    let count = Int(sqlite3_column_bytes(row, column))
+    return String(decoding: UnsafeBufferPointer(start: text, count: count), as: UTF8.self)
+}
+
+private func columnBytes(_ row: OpaquePointer, _ column: Int32) -> [UInt8] {
+    guard let text = sqlite3_column_text(row, column) else { return [] }
+    return Array(UnsafeBufferPointer(start: text, count: Int(sqlite3_column_bytes(row, column))))
+}
+
+extension SQLiteLedger {
+    public func archive(keys: [ArchivedKey], issuer: String, seenAt time: Double) async throws(LedgerError) {
+        try await writer.submit(urgent: true) { db in
+            for key in keys {
+                try db.execute(sql: """
+                    INSERT INTO signing_keys (issuer, kid, thumbprint, jwk, first_seen, last_seen) VALUES (?, ?, ?, ?, ?, ?)
+                    ON CONFLICT (issuer, kid, thumbprint) DO UPDATE SET last_seen = max(last_seen, excluded.last_seen)
+                    """, arguments: [issuer, key.keyID, key.thumbprint, key.jwk, time, time])
+            }
+        }
+    }
+
+    public func archivedKeys() async throws(LedgerError) -> [ArchivedKey] {
+        try await writer.submit { db in
+            try Row.fetchAll(db, sql: "SELECT issuer, kid, thumbprint, jwk, first_seen, last_seen FROM signing_keys ORDER BY issuer, kid, last_seen")
+                .map { ArchivedKey(issuer: $0[0], keyID: $0[1], thumbprint: $0[2], jwk: $0[3], firstSeen: $0[4], lastSeen: $0[5]) }
+        }
+    }
+
+    public func auditRecords(afterSeq: Int64, limit: Int) async throws(LedgerError) -> [StoredAuditRecord] {
+        try reading { db in
+            try Row.fetchAll(db, sql: "SELECT seq, record, prev_hash, hash FROM audit_records WHERE seq > ? ORDER BY seq LIMIT ?",
+                             arguments: [afterSeq, limit])
+                .map { StoredAuditRecord(seq: $0[0], record: $0[1], previousHash: $0[2], hash: $0[3]) }
+        }
+    }
+
+    public func auditHead() async throws(LedgerError) -> (seq: Int64, hash: String) {
+        try reading { db in
+            guard let row = try Row.fetchOne(db, sql: "SELECT seq, hash FROM audit_head WHERE id = 1") else {
+                return (-1, "the head is missing")
+            }
+            return (row[0], row[1])
+        }
+    }
+
+    public func eventStates(_ keys: [EventKey]) async throws(LedgerError) -> [EventKey: EventState] {
+        try reading { db in
+            var states: [EventKey: EventState] = [:]
+            for key in keys {
+                guard let row = try Row.fetchOne(db, sql: """
+                    SELECT e.id, coalesce(t.token, e.token) AS token, e.outcome, e.source, e.received_at
+                    FROM events e LEFT JOIN event_tokens t ON t.event_id = e.id WHERE e.issuer = ? AND e.jti = ?
+                    """, arguments: [key.issuer, key.jti]) else { continue }
+                let id: Int64 = row[0]
+                let token: String = row[1]
+                states[key] = EventState(id: id, tokenSHA256: AuditChain.sha256Hex(Array(token.utf8)),
+                                         outcome: EventOutcome(rawValue: row[2]) ?? .claimed, source: row[3], receivedAt: row[4],
+                                         steps: try SQLiteLedgerReader.steps(db, eventID: id))
+            }
+            return states
+        }
+    }
+
+    public func rejectedDigests(_ digests: [String]) async throws(LedgerError) -> Set<String> {
+        try reading { db in
+            var found = Set<String>()
+            for digest in digests
+            where try Bool.fetchOne(db, sql: "SELECT 1 FROM deliveries WHERE token_sha256 = ? LIMIT 1", arguments: [digest]) == true {
+                found.insert(digest)
+            }
+            return found
+        }
+    }
+
+    public func events(sourcePrefix: String, receivedFrom from: Double, to: Double, afterID: Int64, limit: Int) async throws(LedgerError)
+        -> [EventSummary]
+    {
+        try reading { db in
+            try Row.fetchAll(db, sql: """
+                SELECT id, issuer, jti, event_types, outcome, received_at FROM events
+                WHERE id > ? AND substr(source, 1, ?) = ? AND received_at >= ? AND received_at < ? ORDER BY id LIMIT ?
+                """, arguments: [afterID, sourcePrefix.utf8.count, sourcePrefix, from, to, limit]).map { row in
+                let types: String = row[3]
+                return EventSummary(id: row[0], issuer: row[1], jti: row[2],
+                                    eventTypes: (try? JSONParser.parse(types))?.arrayValue?.compactMap(\.stringValue) ?? [],
+                                    outcome: EventOutcome(rawValue: row[4]) ?? .claimed, receivedAt: row[5])
+            }
+        }
+    }
+
+    public func reopenFailedSteps(ofEvent eventID: Int64, reason: String) async throws(LedgerError) -> Int {
+        try await writer.submit(urgent: true) { db in
+            let now = Date().timeIntervalSince1970
+            try db.execute(sql: "UPDATE steps SET status = 'pending', updated_at = ? WHERE event_id = ? AND status = 'failed'",
+                           arguments: [now, eventID])
+            let reopened = db.changesCount
+            guard reopened > 0 else { return 0 }
+            try db.execute(sql: "UPDATE events SET outcome = 'pending', updated_at = ? WHERE id = ?", arguments: [now, eventID])
+            var audit = SQLiteAuditAppender()
+            try audit.appendOutcome(ofEvent: eventID, outcome: .pending, at: now, in: db, kind: .reopened, note: reason)
+            try audit.commit(in: db)
+            return reopened
+        }
+    }
+
+    /// Reads on a connection of its own, beside the writer (WAL: a snapshot of what is committed).
+    private func reading<T>(_ body: (Database) throws -> T) throws(LedgerError) -> T {
+        do {
+            return try readConnection().read(body)
+        } catch let error as LedgerError {
+            throw error
+        } catch {
+            throw LedgerError(SQLiteLedger.kind(of: error), "cannot read the ledger: \(error)")
+        }
+    }
+}

@@ -1,0 +1,83 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// RFC 3339 times in UTC, as audit records, reports and the command line spell them.
+public enum RFC3339 {
+    /// `2026-11-26T09:31:02.123Z`: milliseconds, always UTC.
+    public static func string(from seconds: Double) -> String {
+        guard seconds.isFinite, abs(seconds) < 253_402_300_800 else { return "9999-12-31T23:59:59.999Z" }
+        var whole = Int(seconds.rounded(.down))
+        var millis = Int(((seconds - Double(whole)) * 1000).rounded())
+        if millis == 1000 {
+            whole += 1
+            millis = 0
+        }
+        var time = time_t(whole)
+        var parts = tm()
+        gmtime_r(&time, &parts)
+        func pad(_ n: Int32, _ width: Int) -> String {
+            let digits = String(n)
+            return String(repeating: "0", count: max(0, width - digits.count)) + digits
+        }
+        return "\(pad(parts.tm_year + 1900, 4))-\(pad(parts.tm_mon + 1, 2))-\(pad(parts.tm_mday, 2))T"
+            + "\(pad(parts.tm_hour, 2)):\(pad(parts.tm_min, 2)):\(pad(parts.tm_sec, 2)).\(pad(Int32(millis), 3))Z"
+    }
+
+    /// Seconds since 1970 of an RFC 3339 date-time (`2026-11-26T09:31:02Z`,
+    /// `2026-11-26T10:31:02.5+01:00`, `t` and `z` in lower case too); nil when it is not one.
+    public static func parse(_ text: String) -> Double? {
+        let b = Array(text.utf8)
+        func number(_ range: Range<Int>) -> Int? {
+            guard range.upperBound <= b.count else { return nil }
+            var n = 0
+            for i in range {
+                guard b[i] >= 0x30, b[i] <= 0x39 else { return nil }
+                n = n * 10 + Int(b[i] - 0x30)
+            }
+            return n
+        }
+        guard b.count >= 20, b[4] == UInt8(ascii: "-"), b[7] == UInt8(ascii: "-"),
+              b[10] == UInt8(ascii: "T") || b[10] == UInt8(ascii: "t"),
+              b[13] == UInt8(ascii: ":"), b[16] == UInt8(ascii: ":"),
+              let year = number(0..<4), let month = number(5..<7), let day = number(8..<10),
+              let hour = number(11..<13), let minute = number(14..<16), let second = number(17..<19),
+              (1...12).contains(month), (1...31).contains(day), hour < 24, minute < 60, second < 61
+        else { return nil }
+        var i = 19
+        var fraction = 0.0
+        if i < b.count, b[i] == UInt8(ascii: ".") {
+            i += 1
+            var scale = 0.1
+            let start = i
+            while i < b.count, b[i] >= 0x30, b[i] <= 0x39 {
+                fraction += Double(b[i] - 0x30) * scale
+                scale /= 10
+                i += 1
+            }
+            guard i > start else { return nil }
+        }
+        guard i < b.count else { return nil }
+        var offset = 0
+        switch b[i] {
+        case UInt8(ascii: "Z"), UInt8(ascii: "z"):
+            guard i + 1 == b.count else { return nil }
+        case UInt8(ascii: "+"), UInt8(ascii: "-"):
+            guard i + 6 == b.count, b[i + 3] == UInt8(ascii: ":"), let h = number(i + 1..<i + 3), let m = number(i + 4..<i + 6),
+                  h < 24, m < 60 else { return nil }
+            offset = (h * 3600 + m * 60) * (b[i] == UInt8(ascii: "+") ? 1 : -1)
+        default:
+            return nil
+        }
+        // Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
+        let y = month <= 2 ? year - 1 : year
+        let era = (y >= 0 ? y : y - 399) / 400
+        let yearOfEra = y - era * 400
+        let dayOfYear = (153 * (month + (month > 2 ? -3 : 9)) + 2) / 5 + day - 1
+        let dayOfEra = yearOfEra * 365 + yearOfEra / 4 - yearOfEra / 100 + dayOfYear
+        let days = era * 146_097 + dayOfEra - 719_468
+        return Double(days * 86_400 + hour * 3600 + minute * 60 + second - offset) + fraction
+    }
+}

@@ -1,0 +1,182 @@
+import Foundation
+@testable import Ledger
+import SecurityEvents
+import Testing
+import WardenTestSupport
+
+/// The audit trail on every back end: one hash-chained record per outcome, named tampering,
+/// the key archive, and the lookups a replay compares with.
+@Suite("Audit trail, every back end", .serialized)
+struct AuditTrailTests {
+    typealias E = SQLiteLedgerTests
+
+    func open(_ storage: LedgerUnderTest) async throws -> any AuditingLedger {
+        try #require(try await storage.open() as? any AuditingLedger)
+    }
+
+    /// Runs SQL on the storage behind the ledger's back, as someone editing the database would.
+    func tamper(_ storage: LedgerUnderTest, _ sql: String) async throws {
+        switch storage.backend {
+        case .sqlite: _ = try await runProgram("/usr/bin/sqlite3", [storage.path, sql])
+        case .postgres: _ = try await storage.server!.psql(storage.database, sql)
+        }
+    }
+
+    func records(_ ledger: any AuditingLedger) async throws -> [JSONObject] {
+        try await ledger.auditRecords(afterSeq: 0, limit: 1000).map { try #require(try JSONParser.parse($0.record).objectValue) }
+    }
+
+    /// A ledger holding one record of each kind: an event without steps, a duplicate, a
+    /// rejection, an event whose steps finished (one retried), and an unresolved one.
+    func populated(_ storage: LedgerUnderTest) async throws -> any AuditingLedger {
+        let ledger = try await open(storage)
+        _ = try await ledger.record([
+            .event(E.event(jti: "plain"), outcome: .processed, steps: []),
+            .event(E.event(jti: "plain", source: "kafka:t/0/2"), outcome: .processed, steps: []),
+            .rejection(Rejection(token: Array("junk".utf8), source: "push", code: "invalid_request", description: "not a JWS",
+                                 receivedAt: 1_800_000_002)),
+        ])
+        guard case .new(let withSteps) = try await ledger.claim(E.event(jti: "acted"), outcome: .pending, steps: [
+            OutboxStep(index: 0, kind: "purge-set", action: "{}"), OutboxStep(index: 1, kind: "webhook", action: "{}"),
+        ]) else { throw Failure("the claim must be new") }
+        #expect(try await ledger.auditRecords(afterSeq: 0, limit: 10).count == 3, "no record while steps are pending")
+        _ = try await ledger.recordSteps([RecordedStep(eventID: withSteps, index: 0, status: .done, detail: "purged 2", attempts: 1)])
+        _ = try await ledger.recordSteps([RecordedStep(eventID: withSteps, index: 1, status: .failed, detail: "answered 403",
+                                                       finishing: .failed, attempts: 3)])
+        guard case .new(let unresolved) = try await ledger.claim(E.event(jti: "nobody"), outcome: .pending, steps: [
+            OutboxStep(index: 0, kind: "purge-set", action: "{}"),
+        ]) else { throw Failure("the claim must be new") }
+        try await ledger.record(outcome: .unresolved, forEvent: unresolved)
+        return ledger
+    }
+
+    struct Failure: Error, CustomStringConvertible {
+        var description: String
+        init(_ description: String) { self.description = description }
+    }
+
+    @Test(arguments: Backend.allCases) func everyOutcomeIsOneChainedRecord(_ backend: Backend) async throws {
+        let storage = try await LedgerUnderTest(backend)
+        let ledger = try await populated(storage)
+        let records = try await records(ledger)
+        #expect(records.map { $0["kind"]?.stringValue } == ["event", "duplicate", "rejection", "event", "event"])
+        #expect(records.map { $0["outcome"]?.stringValue } == ["processed", "duplicate", "invalid", "failed", "unresolved"])
+        #expect(records.map { $0["seq"]?.numberValue } == [1, 2, 3, 4, 5])
+        #expect(records[1]["source"]?.stringValue == "kafka:t/0/2")
+        #expect(records[2]["err"]?.stringValue == "invalid_request")
+        #expect(records[2]["verdict"]?.stringValue == "invalid")
+        #expect(records[2]["token_sha256"]?.stringValue == AuditChain.sha256Hex(Array("junk".utf8)))
+        #expect(records[0]["token_sha256"]?.stringValue == AuditChain.sha256Hex(Array("h.p.s".utf8)))
+        #expect(records[0]["key_thumbprint"]?.stringValue == "tp")
+        #expect(records[0]["subject"]?.objectValue?["sub"]?.stringValue == "1")
+        let steps = try #require(records[3]["steps"]?.arrayValue?.compactMap { $0.objectValue })
+        #expect(steps.map { $0["status"]?.stringValue } == ["done", "failed"])
+        #expect(steps.map { $0["attempts"]?.numberValue } == [1, 3])
+        #expect(steps[1]["detail"]?.stringValue == "answered 403")
+        #expect(try await ledger.checkAuditChain() == .intact(count: 5, head: try await ledger.auditHead().hash))
+        await ledger.close()
+    }
+
+    enum Tampering: String, CaseIterable, Sendable, CustomTestStringConvertible {
+        case edited, removed, swapped, truncated
+        var testDescription: String { rawValue }
+    }
+
+    @Test(arguments: Backend.allCases, Tampering.allCases) func tamperingIsNamed(_ backend: Backend, _ tampering: Tampering) async throws {
+        let storage = try await LedgerUnderTest(backend)
+        let ledger = try await populated(storage)
+        let expected: (seq: Int64, words: String)
+        switch tampering {
+        case .edited:
+            try await tamper(storage, "UPDATE audit_records SET record = replace(record, '\"failed\"', '\"processed\"') WHERE seq = 4")
+            expected = (4, "changed")
+        case .removed:
+            try await tamper(storage, "DELETE FROM audit_records WHERE seq = 2")
+            expected = (3, "missing")
+        case .swapped:
+            // Rows exchanged whole, hashes and all.
+            try await tamper(storage, """
+                UPDATE audit_records SET seq = -1 WHERE seq = 2;
+                UPDATE audit_records SET seq = 2 WHERE seq = 3;
+                UPDATE audit_records SET seq = 3 WHERE seq = -1;
+                """)
+            expected = (2, "previous hash")
+        case .truncated:
+            try await tamper(storage, "DELETE FROM audit_records WHERE seq = 5")
+            expected = (5, "removed from the end")
+        }
+        let finding = try await ledger.checkAuditChain(pageSize: 2)
+        guard case .broken(let seq, let reason) = finding else {
+            Issue.record("\(tampering) went unnoticed: \(finding)"); return
+        }
+        #expect(seq == expected.seq, "\(reason)")
+        #expect(reason.contains(expected.words), "\(reason)")
+        await ledger.close()
+    }
+
+    @Test(arguments: Backend.allCases) func keysAreArchivedWithFirstAndLastSeen(_ backend: Backend) async throws {
+        let storage = try await LedgerUnderTest(backend)
+        let ledger = try await open(storage)
+        let key = ArchivedKey(issuer: "https://i.example/", keyID: "k1", thumbprint: "t1", jwk: #"{"kty":"RSA"}"#, firstSeen: 0, lastSeen: 0)
+        try await ledger.archive(keys: [key], issuer: key.issuer, seenAt: 100)
+        try await ledger.archive(keys: [key, ArchivedKey(issuer: key.issuer, keyID: "k2", thumbprint: "t2", jwk: "{}", firstSeen: 0, lastSeen: 0)],
+                                 issuer: key.issuer, seenAt: 200)
+        try await ledger.archive(keys: [key], issuer: key.issuer, seenAt: 150)
+        let archived = try await ledger.archivedKeys()
+        #expect(archived.map(\.keyID) == ["k1", "k2"])
+        #expect(archived.map(\.firstSeen) == [100, 200])
+        #expect(archived.map(\.lastSeen) == [200, 200])
+        #expect(archived[0].jwk == #"{"kty":"RSA"}"#)
+        await ledger.close()
+    }
+
+    @Test(arguments: Backend.allCases) func replayLookupsAndReopeningFailedSteps(_ backend: Backend) async throws {
+        let storage = try await LedgerUnderTest(backend)
+        let ledger = try await populated(storage)
+        let states = try await ledger.eventStates([EventKey(issuer: "https://issuer.example/", jti: "acted"),
+                                                   EventKey(issuer: "https://issuer.example/", jti: "never")])
+        let acted = try #require(states[EventKey(issuer: "https://issuer.example/", jti: "acted")])
+        #expect(states.count == 1)
+        #expect(acted.outcome == .failed)
+        #expect(acted.steps.map(\.status) == [.done, .failed])
+        #expect(acted.tokenSHA256 == AuditChain.sha256Hex(Array("h.p.s".utf8)))
+        let junk = AuditChain.sha256Hex(Array("junk".utf8))
+        #expect(try await ledger.rejectedDigests([junk, AuditChain.sha256Hex([1])]) == [junk])
+        let listed = try await ledger.events(sourcePrefix: "kafka:t/", receivedFrom: 1_800_000_000, to: 1_800_000_002, afterID: 0, limit: 2)
+        #expect(listed.map(\.jti) == ["plain", "acted"])
+        #expect(try await ledger.events(sourcePrefix: "kafka:other/", receivedFrom: 0, to: .infinity, afterID: 0, limit: 9).isEmpty)
+
+        #expect(try await ledger.reopenFailedSteps(ofEvent: acted.id, reason: "replay --apply") == 1)
+        #expect(try await ledger.reopenFailedSteps(ofEvent: acted.id, reason: "replay --apply") == 0, "nothing failed is left")
+        #expect(try await ledger.steps(ofEvent: acted.id).map(\.status) == [.done, .pending])
+        let last = try #require(try await records(ledger).last)
+        #expect(last["kind"]?.stringValue == "reopened")
+        #expect(last["note"]?.stringValue == "replay --apply")
+        _ = try await ledger.recordSteps([RecordedStep(eventID: acted.id, index: 1, status: .done, detail: "ok", finishing: .processed)])
+        let done = try #require(try await records(ledger).last)
+        #expect(done["outcome"]?.stringValue == "processed")
+        #expect(done["steps"]?.arrayValue?.last?.objectValue?["attempts"]?.numberValue == 4, "attempts add up across runs")
+        #expect(try await ledger.checkAuditChain() == .intact(count: 7, head: try await ledger.auditHead().hash))
+        await ledger.close()
+    }
+
+    /// Two replicas on one PostgreSQL ledger append to one chain, never forking it.
+    @Test func replicasAppendToOneChain() async throws {
+        let storage = try await LedgerUnderTest(.postgres)
+        let a = try await open(storage), b = try await open(storage)
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for (n, ledger) in [a, b].enumerated() {
+                group.addTask {
+                    for i in 0..<40 {
+                        _ = try await ledger.record([.event(E.event(jti: "r\(n)-\(i)"), outcome: .processed, steps: []),
+                                                     .event(E.event(jti: "shared-\(i)"), outcome: .processed, steps: [])])
+                    }
+                }
+            }
+            try await group.waitForAll()
+        }
+        #expect(try await a.checkAuditChain() == .intact(count: 160, head: try await a.auditHead().hash))
+        await a.close()
+        await b.close()
+    }
+}
