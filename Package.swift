@@ -151,9 +151,15 @@ let package = Package(
             ],
             swiftSettings: strict
         ),
+        // Debian's zlib1g-dev: gzip logs read by warden replay, streamed.
+        .systemLibrary(
+            name: "CZlib",
+            providers: [.apt(["zlib1g-dev"])]
+        ),
         .target(
             name: "WardenCLI",
             dependencies: [
+                "CZlib",
                 "SecurityEvents",
                 "TokenVerification",
                 "Kafka", "Ledger", "Pipeline", "Invalidation", "Redis", "StreamManagement", "SETMinting",
@@ -214,6 +220,12 @@ let package = Package(
             name: "PushBenchmark",
             dependencies: ["SETMinting"],
             path: "Benchmarks/PushBenchmark",
+            swiftSettings: strict
+        ),
+        .executableTarget(
+            name: "ReplayBenchmark",
+            dependencies: ["SETMinting", "Ledger"],
+            path: "Benchmarks/ReplayBenchmark",
             swiftSettings: strict
         ),
         .executableTarget(

@@ -272,26 +272,7 @@ public final class KafkaConsumer: Sendable {
         // A message polled after fetching stopped is not handed out and not tracked: it is
         // fetched again by whoever owns the partition next.
         guard deliver else { return nil }
-        let topic = String(cString: rd_kafka_topic_name(m.rkt))
-        let value = m.payload.map { Array(UnsafeRawBufferPointer(start: $0, count: m.len)) } ?? []
-        let key = m.key.map { Array(UnsafeRawBufferPointer(start: $0, count: m.key_len)) }
-        var headers: [KafkaHeader] = []
-        var hdrs: OpaquePointer? = nil
-        if rd_kafka_message_headers(pointer, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR, let hdrs {
-            var index = 0
-            var name: UnsafePointer<CChar>? = nil
-            var valuePointer: UnsafeRawPointer? = nil
-            var size = 0
-            while rd_kafka_header_get_all(hdrs, index, &name, &valuePointer, &size) == RD_KAFKA_RESP_ERR_NO_ERROR {
-                let headerValue = valuePointer.map { Array(UnsafeRawBufferPointer(start: $0, count: size)) }
-                headers.append(KafkaHeader(name.map { String(cString: $0) } ?? "", headerValue))
-                index += 1
-            }
-        }
-        var timestampType = RD_KAFKA_TIMESTAMP_NOT_AVAILABLE
-        let timestamp = rd_kafka_message_timestamp(pointer, &timestampType)
-        return KafkaMessage(topic: topic, partition: m.partition, offset: m.offset, key: key, value: value,
-                            headers: headers, timestamp: timestampType == RD_KAFKA_TIMESTAMP_NOT_AVAILABLE ? nil : timestamp)
+        return KafkaMessage(copying: pointer)
     }
 
     private func commit(synchronously: Bool) {

@@ -1,3 +1,5 @@
+internal import CRdkafka
+
 /// A message as it came from a partition.
 public struct KafkaMessage: Sendable {
     public var topic: String
@@ -66,4 +68,32 @@ public struct TopicPartition: Sendable, Hashable, CustomStringConvertible {
     }
 
     public var description: String { "\(topic)/\(partition)" }
+}
+
+extension KafkaMessage {
+    /// A copy of a message librdkafka fetched without error: its value, key, headers and
+    /// timestamp.
+    init(copying pointer: UnsafeMutablePointer<rd_kafka_message_t>) {
+        let m = pointer.pointee
+        let topic = String(cString: rd_kafka_topic_name(m.rkt))
+        let value = m.payload.map { Array(UnsafeRawBufferPointer(start: $0, count: m.len)) } ?? []
+        let key = m.key.map { Array(UnsafeRawBufferPointer(start: $0, count: m.key_len)) }
+        var headers: [KafkaHeader] = []
+        var hdrs: OpaquePointer? = nil
+        if rd_kafka_message_headers(pointer, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR, let hdrs {
+            var index = 0
+            var name: UnsafePointer<CChar>? = nil
+            var valuePointer: UnsafeRawPointer? = nil
+            var size = 0
+            while rd_kafka_header_get_all(hdrs, index, &name, &valuePointer, &size) == RD_KAFKA_RESP_ERR_NO_ERROR {
+                let headerValue = valuePointer.map { Array(UnsafeRawBufferPointer(start: $0, count: size)) }
+                headers.append(KafkaHeader(name.map { String(cString: $0) } ?? "", headerValue))
+                index += 1
+            }
+        }
+        var timestampType = RD_KAFKA_TIMESTAMP_NOT_AVAILABLE
+        let timestamp = rd_kafka_message_timestamp(pointer, &timestampType)
+        self.init(topic: topic, partition: m.partition, offset: m.offset, key: key, value: value,
+                  headers: headers, timestamp: timestampType == RD_KAFKA_TIMESTAMP_NOT_AVAILABLE ? nil : timestamp)
+    }
 }

@@ -273,12 +273,45 @@ public struct AuditRecord: Sendable, Equatable {
         out.append(UInt8(ascii: "]"))
         if let subject {
             name("subject")
-            out += subject.utf8
+            // Canonical too (the ledger keeps the subject as the token spelt it), so the record
+            // can be re-serialised and hashed from its parsed form.
+            if let parsed = try? JSONParser.parse(subject) {
+                Self.writeCanonical(parsed, to: &out)
+            } else {
+                JSONValue.writeString(subject, to: &out)
+            }
         }
         string("token_sha256", tokenSHA256)
         string("verdict", error == nil ? "valid" : "invalid")
         out.append(UInt8(ascii: "}"))
         return out
+    }
+}
+
+extension AuditRecord {
+    /// `value` as canonical JSON: object members in code-point order of their names.
+    static func writeCanonical(_ value: JSONValue, to out: inout [UInt8]) {
+        switch value {
+        case .object(let object):
+            out.append(UInt8(ascii: "{"))
+            let members = object.members.sorted { $0.name.unicodeScalars.lexicographicallyPrecedes($1.name.unicodeScalars) }
+            for (i, member) in members.enumerated() {
+                if i > 0 { out.append(UInt8(ascii: ",")) }
+                JSONValue.writeString(member.name, to: &out)
+                out.append(UInt8(ascii: ":"))
+                writeCanonical(member.value, to: &out)
+            }
+            out.append(UInt8(ascii: "}"))
+        case .array(let items):
+            out.append(UInt8(ascii: "["))
+            for (i, item) in items.enumerated() {
+                if i > 0 { out.append(UInt8(ascii: ",")) }
+                writeCanonical(item, to: &out)
+            }
+            out.append(UInt8(ascii: "]"))
+        default:
+            value.write(to: &out)
+        }
     }
 }
 

@@ -37,11 +37,7 @@ extension WardenCommand {
         public init() {}
 
         public func validate() throws {
-            for (name, value) in [("--from", from), ("--to", to)] {
-                if let value, RFC3339.parse(value) == nil {
-                    throw ValidationError("\(name) \(value.debugDescription) is not an RFC 3339 time (e.g. 2026-11-26T09:00:00Z)")
-                }
-            }
+            try Self.validateTimes(from: from, to: to)
             if action == .verify, from != nil || to != nil {
                 throw ValidationError("--from and --to apply to export only: verify checks the whole chain")
             }
@@ -62,6 +58,18 @@ extension WardenCommand {
             }
             await opened.close()
             if status != 0 { throw ExitCode(status) }
+        }
+
+        /// `--from` and `--to` are RFC 3339 times, the first before the second.
+        static func validateTimes(from: String?, to: String?) throws {
+            for (name, value) in [("--from", from), ("--to", to)] {
+                if let value, RFC3339.parse(value) == nil {
+                    throw ValidationError("\(name) \(value.debugDescription) is not an RFC 3339 time (e.g. 2026-11-26T09:00:00Z)")
+                }
+            }
+            if let from = from.flatMap(RFC3339.parse), let to = to.flatMap(RFC3339.parse), from >= to {
+                throw ValidationError("--from must be before --to")
+            }
         }
 
         private func verify(_ ledger: any AuditingLedger) async throws -> Int32 {

@@ -10,7 +10,7 @@ public struct WardenCommand: AsyncParsableCommand {
     public static let configuration = CommandConfiguration(
         commandName: "warden",
         abstract: "Verifies Security Event Tokens and acts on them.",
-        subcommands: [Run.self, Verify.self, CheckConfig.self, Stream.self, DevKeys.self, Emit.self, Audit.self]
+        subcommands: [Run.self, Verify.self, CheckConfig.self, Stream.self, DevKeys.self, Emit.self, Audit.self, Replay.self]
     )
 
     public init() {}

@@ -1,0 +1,140 @@
+internal import CRdkafka
+import Foundation
+public import Logging
+
+/// Reads one topic's messages in a time range, every partition from the start of the range to
+/// the end it had when the reader was made, without joining a consumer group and without
+/// committing anything: what `warden replay --topic` reads, beside the workers.
+///
+/// The range's start is looked up by time where the cluster answers (offsets for times); where
+/// it does not (librdkafka's mock cluster), reading starts at the low watermark. Either way,
+/// messages whose timestamp lies outside [from, to) are skipped.
+public final class KafkaTopicReader {
+    public let topic: String
+    let client: KafkaClient
+    private let from: Double?
+    private let to: Double?
+    /// Per partition: the offset reading ends before (the high watermark when the reader was made).
+    private var ends: [Int32: Int64] = [:]
+    private var remaining: Set<Int32> = []
+    /// Messages in the range, so far; messages to read in all (an upper bound).
+    public private(set) var read = 0
+    public let total: Int64
+
+    /// `from`, `to`: seconds since 1970.
+    public init(bootstrapServers: String, properties: KafkaProperties, topic: String, from: Double?, to: Double?,
+                logger: Logger, timeout: Double = 10) throws(KafkaError) {
+        var p = properties
+        p["bootstrap.servers"] = bootstrapServers
+        // A group id is required by the consumer handle; it is never joined (partitions are
+        // assigned by hand) and nothing is committed under it.
+        p["group.id"] = "warden-replay-\(UInt64.random(in: 0...UInt64.max))"
+        p["enable.auto.commit"] = "false"
+        p["enable.auto.offset.store"] = "false"
+        p["enable.partition.eof"] = "false"
+        client = try KafkaClient(role: .consumer, properties: p, context: CallbackContext(logger: logger, consumer: nil))
+        self.topic = topic
+        self.from = from
+        self.to = to
+        let rk = client.handle
+        let milliseconds = Int32(timeout * 1000)
+
+        // The topic's partitions.
+        var metadata: UnsafePointer<rd_kafka_metadata>? = nil
+        let topicHandle = rd_kafka_topic_new(rk, topic, nil)
+        defer { rd_kafka_topic_destroy(topicHandle) }
+        let err = rd_kafka_metadata(rk, 0, topicHandle, &metadata, milliseconds)
+        guard err == RD_KAFKA_RESP_ERR_NO_ERROR, let metadata else {
+            throw KafkaError(.client, "cannot read the metadata of topic \(topic): \(String(cString: rd_kafka_err2str(err)))")
+        }
+        defer { rd_kafka_metadata_destroy(metadata) }
+        guard metadata.pointee.topic_cnt == 1, let described = metadata.pointee.topics?.pointee,
+              described.err == RD_KAFKA_RESP_ERR_NO_ERROR, described.partition_cnt > 0 else {
+            throw KafkaError(.client, "the cluster has no topic \(topic)")
+        }
+        let partitions = (0..<Int(described.partition_cnt)).map { described.partitions[$0].id }
+
+        // Where each partition's range starts and ends.
+        var starts: [Int32: Int64] = [:]
+        for partition in partitions {
+            var low: Int64 = 0, high: Int64 = 0
+            let answer = rd_kafka_query_watermark_offsets(rk, topic, partition, &low, &high, milliseconds)
+            guard answer == RD_KAFKA_RESP_ERR_NO_ERROR else {
+                throw KafkaError(.client, "cannot read the offsets of \(topic)/\(partition): \(String(cString: rd_kafka_err2str(answer)))")
+            }
+            starts[partition] = low
+            ends[partition] = high
+        }
+        if let from {
+            let list = rd_kafka_topic_partition_list_new(Int32(partitions.count))!
+            defer { rd_kafka_topic_partition_list_destroy(list) }
+            for partition in partitions {
+                rd_kafka_topic_partition_list_add(list, topic, partition).pointee.offset = Int64((from * 1000).rounded(.down))
+            }
+            if rd_kafka_offsets_for_times(rk, list, milliseconds) == RD_KAFKA_RESP_ERR_NO_ERROR {
+                for i in 0..<Int(list.pointee.cnt) {
+                    let element = list.pointee.elems[i]
+                    // -1: no answer (or no message at or after that time): start at the low watermark.
+                    if element.err == RD_KAFKA_RESP_ERR_NO_ERROR, element.offset >= 0 {
+                        starts[element.partition] = max(starts[element.partition] ?? 0, element.offset)
+                    }
+                }
+            }
+        }
+        let ends = self.ends
+        total = partitions.reduce(0) { $0 + max(0, ends[$1]! - starts[$1]!) }
+        remaining = Set(partitions.filter { ends[$0]! > starts[$0]! })
+        let assignment = rd_kafka_topic_partition_list_new(Int32(partitions.count))!
+        defer { rd_kafka_topic_partition_list_destroy(assignment) }
+        for partition in partitions {
+            rd_kafka_topic_partition_list_add(assignment, topic, partition).pointee.offset = starts[partition]!
+        }
+        let assigned = rd_kafka_assign(rk, assignment)
+        guard assigned == RD_KAFKA_RESP_ERR_NO_ERROR else {
+            throw KafkaError(.client, "cannot assign the partitions of \(topic): \(String(cString: rd_kafka_err2str(assigned)))")
+        }
+    }
+
+    /// Messages read so far (in range or not), for progress.
+    public private(set) var consumed: Int64 = 0
+
+    /// Up to `limit` messages of the range, in each partition's order; empty once every
+    /// partition has reached its end. Throws when nothing arrives for `timeout` seconds while
+    /// messages are still due.
+    public func next(limit: Int, timeout: Double = 30) throws(KafkaError) -> [KafkaMessage] {
+        var messages: [KafkaMessage] = []
+        var idleSince = Date()
+        while messages.count < limit, !remaining.isEmpty {
+            guard let pointer = rd_kafka_consumer_poll(client.handle, 100) else {
+                if messages.isEmpty, Date().timeIntervalSince(idleSince) > timeout {
+                    throw KafkaError(.client, "no message of \(topic) arrived for \(Int(timeout)) s while \(remaining.count) partitions have more to read")
+                }
+                if !messages.isEmpty { break }
+                continue
+            }
+            defer { rd_kafka_message_destroy(pointer) }
+            idleSince = Date()
+            guard pointer.pointee.err == RD_KAFKA_RESP_ERR_NO_ERROR else {
+                let reason = rd_kafka_message_errstr(pointer).map { String(cString: $0) } ?? ""
+                throw KafkaError(.client, "reading \(topic) failed: \(String(cString: rd_kafka_err2name(pointer.pointee.err))) \(reason)")
+            }
+            let partition = pointer.pointee.partition, offset = pointer.pointee.offset
+            guard let end = ends[partition], offset < end else { continue }
+            consumed += 1
+            if offset + 1 >= end { remaining.remove(partition) }
+            let message = KafkaMessage(copying: pointer)
+            if let timestamp = message.timestamp {
+                let seconds = Double(timestamp) / 1000
+                if let from, seconds < from { continue }
+                if let to, seconds >= to { continue }
+            }
+            read += 1
+            messages.append(message)
+        }
+        return messages
+    }
+
+    public func close() {
+        rd_kafka_consumer_close(client.handle)
+    }
+}

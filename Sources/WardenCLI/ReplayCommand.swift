@@ -1,0 +1,251 @@
+public import ArgumentParser
+import AsyncHTTPClient
+import Foundation
+import Invalidation
+import Ledger
+import Logging
+import Metrics
+import Pipeline
+import Redis
+import SecurityEvents
+import TokenVerification
+
+extension WardenCommand {
+    /// `warden replay`: re-verifies a log with the keys of the time, plans it with today's
+    /// policy, compares it with the ledger, and with --apply does what is missing.
+    public struct Replay: AsyncParsableCommand {
+        public static let configuration = CommandConfiguration(
+            abstract: "Re-verifies a log of SETs, compares it with the ledger, and with --apply does what is missing.",
+            discussion: """
+            Sources: --file PATH (one compact SET per line, or JSON Lines with a "token" member and optionally \
+            "received_at"; gzip accepted) or --topic NAME [--from T] [--to T] (T: RFC 3339), read by a consumer of \
+            its own that commits nothing. Tokens are verified with every key the ledger archived, then the live keys. \
+            A dry run (the default) touches no target and writes nothing to the ledger. \
+            Exit status: 0 no discrepancy (with --apply: every one repaired), 1 discrepancies, \
+            2 usage or configuration error, 3 keys (or the ledger) unavailable.
+            """
+        )
+
+        @Option(name: .long, help: "The configuration file (YAML).")
+        var config: String
+
+        @Option(name: .long, help: "A log file: one compact SET per line, or JSON Lines with a \"token\" member; .gz accepted.")
+        var file: String?
+
+        @Option(name: .long, help: "A Kafka topic of the configured cluster.")
+        var topic: String?
+
+        @Option(name: .long, help: "With --topic: from this time on (RFC 3339).")
+        var from: String?
+
+        @Option(name: .long, help: "With --topic: before this time (RFC 3339).")
+        var to: String?
+
+        @Flag(name: .long, help: "Do what the ledger says is missing (claim, plan and act; run failed steps again).")
+        var apply = false
+
+        @Option(name: .long, help: "Write one JSON object per entry here (JSON Lines).")
+        var report: String?
+
+        @Option(name: .long, help: "Write a self-contained HTML report here.")
+        var html: String?
+
+        public init() {}
+
+        public func validate() throws {
+            guard (file == nil) != (topic == nil) else { throw ValidationError("give exactly one of --file and --topic") }
+            if file != nil, from != nil || to != nil { throw ValidationError("--from and --to apply to --topic only") }
+            try Audit.validateTimes(from: from, to: to)
+        }
+
+        public func run() async throws {
+            let configuration: WardenConfiguration
+            do {
+                configuration = try WardenConfiguration.load(path: config)
+                if topic != nil, configuration.kafka == nil { throw ConfigError(path: "kafka", "is required by warden replay --topic") }
+                if topic != nil, configuration.kafka?.isEmbedded == true {
+                    throw ConfigError(path: "kafka", "is the embedded cluster, which lives only inside warden run: replay needs brokers")
+                }
+            } catch {
+                FileHandle.standardError.write(Data("warden: \(error)\n".utf8))
+                throw ExitCode(VerifyExit.usage.rawValue)
+            }
+            var source: any ReplaySource
+            do {
+                if let file {
+                    source = try FileReplaySource(path: file)
+                } else {
+                    source = try KafkaReplaySource(kafka: configuration.kafka!, topic: topic!,
+                                                   from: from.flatMap(RFC3339.parse), to: to.flatMap(RFC3339.parse))
+                }
+            } catch {
+                FileHandle.standardError.write(Data("warden: \(error)\n".utf8))
+                throw ExitCode(VerifyExit.usage.rawValue)
+            }
+            var reportFile: FileHandle? = nil
+            if let report {
+                guard FileManager.default.createFile(atPath: report, contents: nil), let handle = FileHandle(forWritingAtPath: report) else {
+                    FileHandle.standardError.write(Data("warden: cannot write the report to \(report)\n".utf8))
+                    throw ExitCode(VerifyExit.usage.rawValue)
+                }
+                reportFile = handle
+            }
+            defer { try? reportFile?.close() }
+            let opened = try await CommandLedger.open(config: config, command: "replay")
+            var logger = Logger(label: "warden")
+            logger.logLevel = ProcessInfo.processInfo.environment["WARDEN_LOG_LEVEL"].flatMap(Logger.Level.init(rawValue:)) ?? .error
+            let client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: .init(redirectConfiguration: .disallow))
+            let status: Int32
+            do {
+                status = try await replay(&source, configuration: configuration, ledger: opened.ledger, client: client, logger: logger,
+                                          reportFile: reportFile)
+            } catch {
+                try? await client.shutdown()
+                await opened.close()
+                throw error
+            }
+            try? await client.shutdown()
+            await opened.close()
+            if status != 0 { throw ExitCode(status) }
+        }
+
+        private func replay(_ source: inout any ReplaySource, configuration: WardenConfiguration, ledger: any AuditingLedger,
+                            client: HTTPClient, logger: Logger, reportFile: FileHandle?) async throws -> Int32 {
+            let archived: [ArchivedKey]
+            do {
+                archived = try await ledger.archivedKeys()
+            } catch {
+                FileHandle.standardError.write(Data("warden: cannot read the key archive: \(error)\n".utf8))
+                return 3
+            }
+            let verifier = configuration.makeVerifier(client: client, logger: logger, archived: archived)
+            // A dry run makes no engine at all: no target is connected to.
+            var engine = InvalidationEngine.recordOnly
+            var targets: (redis: [RedisClient], sql: [SQLTarget]) = ([], [])
+            if apply {
+                do {
+                    let made = try configuration.invalidation.makeEngine(http: client, logger: logger)
+                    (engine, targets) = (made.engine, (made.redisClients, made.sqlTargets))
+                } catch {
+                    FileHandle.standardError.write(Data("warden: \(error)\n".utf8))
+                    return VerifyExit.usage.rawValue
+                }
+            }
+            // SQL targets' connection pools run as long as the replay.
+            let pools = targets.sql.map { target in Task { await target.run() } }
+            defer {
+                pools.forEach { $0.cancel() }
+                targets.redis.forEach { $0.close() }
+            }
+            var door: ReplayDoor? = nil
+            if apply {
+                let processor = EventProcessor(verifier: verifier, ledger: ledger, deadLetters: LedgerOnlyDeadLetters(),
+                                               metrics: WardenMetrics(factory: NOOPMetricsHandler.instance), logger: logger,
+                                               stop: StopSignal(), engine: engine)
+                door = ReplayDoor(processor: processor)
+                door!.start()
+            }
+            let replayer = Replayer(verifier: verifier, ledger: ledger, planner: Planner(policy: configuration.invalidation.policy), door: door)
+            var progress = ReplayProgress()
+            var reportBuffer = ""
+            func write(_ findings: [ReplayFinding]) {
+                guard let reportFile else { return }
+                for finding in findings {
+                    reportBuffer += finding.reportLine
+                    reportBuffer += "\n"
+                }
+                if reportBuffer.utf8.count > 1 << 16 {
+                    reportFile.write(Data(reportBuffer.utf8))
+                    reportBuffer = ""
+                }
+            }
+            do {
+                // The next batch is read and verified while the last one is compared with the ledger.
+                var batch = try source.next(limit: 512)
+                var verifying = Task { [batch] in await Replayer.verify(batch, with: verifier) }
+                while !batch.isEmpty {
+                    let results = await verifying.value
+                    let next = try source.next(limit: 512)
+                    verifying = Task { [next] in await Replayer.verify(next, with: verifier) }
+                    write(try await replayer.classify(batch, results))
+                    progress.update(entries: replayer.statistics.entries, source: source.progress)
+                    batch = next
+                }
+                if let topic {
+                    try await replayer.eventsNotInLog(topic: topic, from: from.flatMap(RFC3339.parse) ?? 0,
+                                                      to: to.flatMap(RFC3339.parse) ?? .infinity) { write([$0]) }
+                }
+            } catch let error as Replayer.KeysUnavailable {
+                await door?.finish()
+                progress.finish()
+                FileHandle.standardError.write(Data("warden: keys unavailable at \(error.position), replay stopped: \(error.reason)\n".utf8))
+                return VerifyExit.keysUnavailable.rawValue
+            } catch let error as LedgerError {
+                await door?.finish()
+                progress.finish()
+                FileHandle.standardError.write(Data("warden: the ledger cannot be read, replay stopped: \(error)\n".utf8))
+                return 3
+            }
+            await door?.finish()
+            progress.finish()
+            if let reportFile, !reportBuffer.isEmpty { reportFile.write(Data(reportBuffer.utf8)) }
+            let statistics = replayer.statistics
+            print(statistics.summary)
+            if let html {
+                do {
+                    try ReplayHTML.render(statistics, title: file ?? "topic \(topic!)", applied: apply)
+                        .write(toFile: html, atomically: true, encoding: .utf8)
+                } catch {
+                    FileHandle.standardError.write(Data("warden: cannot write the HTML report to \(html): \(error)\n".utf8))
+                    return VerifyExit.usage.rawValue
+                }
+            }
+            if apply { return statistics.unrepaired == 0 && statistics.byStatus[.notInLog, default: 0] == 0
+                && statistics.byStatus[.verdictChanged, default: 0] <= statistics.repaired ? 0 : 1 }
+            return statistics.discrepancyCount == 0 ? 0 : 1
+        }
+    }
+}
+
+/// Progress on standard error: a bar with rate and ETA on a terminal, a plain line every ten
+/// seconds otherwise.
+struct ReplayProgress {
+    let started = Date()
+    let terminal = isatty(STDERR_FILENO) == 1
+    var lastShown = Date.distantPast
+    var shown = false
+
+    mutating func update(entries: Int, source: (done: Double, total: Double?)) {
+        let now = Date()
+        guard now.timeIntervalSince(lastShown) >= (terminal ? 0.2 : 10) else { return }
+        lastShown = now
+        let elapsed = max(now.timeIntervalSince(started), 0.001)
+        let rate = Double(entries) / elapsed
+        var fraction: Double? = nil
+        if let total = source.total, total > 0 { fraction = min(1, source.done / total) }
+        let eta = fraction.flatMap { f in f > 0 ? elapsed * (1 - f) / f : nil }
+        let rateText = "\(Int(rate.rounded()))/s"
+        if terminal {
+            let width = 30
+            let filled = Int((fraction ?? 0) * Double(width))
+            let bar = fraction.map { _ in "[" + String(repeating: "#", count: filled) + String(repeating: "-", count: width - filled) + "] " } ?? ""
+            let percent = fraction.map { "\(Int(($0 * 100).rounded(.down)))% " } ?? ""
+            let etaText = eta.map { " ETA \(Self.clock($0))" } ?? ""
+            FileHandle.standardError.write(Data("\r\(bar)\(percent)\(entries) SETs \(rateText)\(etaText)   ".utf8))
+            shown = true
+        } else {
+            let percent = fraction.map { " (\(Int(($0 * 100).rounded(.down)))%)" } ?? ""
+            let etaText = eta.map { ", ETA \(Self.clock($0))" } ?? ""
+            FileHandle.standardError.write(Data("warden replay: \(entries) SETs\(percent), \(rateText)\(etaText)\n".utf8))
+        }
+    }
+
+    func finish() {
+        if terminal, shown { FileHandle.standardError.write(Data("\n".utf8)) }
+    }
+
+    static func clock(_ seconds: Double) -> String {
+        let s = Int(seconds.rounded())
+        return s >= 3600 ? String(format: "%d:%02d:%02d", s / 3600, s / 60 % 60, s % 60) : String(format: "%d:%02d", s / 60, s % 60)
+    }
+}

@@ -1,0 +1,300 @@
+import Foundation
+import Invalidation
+import Ledger
+import Pipeline
+import SecurityEvents
+import TokenVerification
+
+/// What a replay found for one entry of the log.
+struct ReplayFinding: Sendable {
+    enum Status: String, CaseIterable, Sendable {
+        /// Valid, and every planned step is done.
+        case ok
+        /// Invalid now, and was not acted on: consistent.
+        case invalid
+        /// A later copy of an event already in this log.
+        case duplicate
+        /// Valid, and unknown to the ledger.
+        case neverProcessed = "never-processed"
+        /// Known to the ledger with steps pending or failed.
+        case plannedNotDone = "planned-not-done"
+        /// The ledger's verdict differs from today's.
+        case verdictChanged = "verdict-changed"
+        /// In the ledger from the replayed range, absent from the log (topic only).
+        case notInLog = "not-in-log"
+
+        var isDiscrepancy: Bool { self == .neverProcessed || self == .plannedNotDone || self == .verdictChanged || self == .notInLog }
+    }
+
+    var position: String
+    var jti: String?
+    var issuer: String?
+    var valid: Bool
+    var error: (code: String, description: String)?
+    var types: [String]
+    var status: Status
+    var eventID: Int64?
+    /// The step kinds today's policy plans for it.
+    var planned: [String]
+    /// The steps the ledger holds for it.
+    var ledgerSteps: [OutboxStep]?
+    /// When it happened, for the timeline: when received if known, else its `iat`.
+    var time: Double?
+    /// With --apply: what doing the missing part came to.
+    var applied: String?
+
+    /// One line of the JSON Lines report.
+    var reportLine: String {
+        var object = JSONObject()
+        object["position"] = .string(position)
+        object["jti"] = jti.map(JSONValue.string) ?? .null
+        object["iss"] = issuer.map(JSONValue.string) ?? .null
+        object["verdict"] = .string(valid ? "valid" : "invalid")
+        if let error {
+            object["err"] = .string(error.code)
+            object["description"] = .string(error.description)
+        }
+        object["types"] = .array(types.map(JSONValue.string))
+        object["status"] = .string(status.rawValue)
+        if let eventID { object["event_id"] = .number(Double(eventID)) }
+        if valid { object["planned"] = .array(planned.map(JSONValue.string)) }
+        if let ledgerSteps {
+            object["ledger_steps"] = .array(ledgerSteps.map { .object(["kind": .string($0.kind), "status": .string($0.status.rawValue)]) })
+        }
+        if let time { object["time"] = .string(RFC3339.string(from: time)) }
+        if let applied { object["applied"] = .string(applied) }
+        return JSONValue.object(object).jsonText
+    }
+}
+
+/// Compares a log with the ledger, entry by entry, in bounded memory: today's verdict (with the
+/// archived keys), today's plan, and what the ledger holds; with `apply`, does what is missing
+/// through the pipeline, as the worker would.
+final class Replayer {
+    struct KeysUnavailable: Error, CustomStringConvertible {
+        var position: String
+        var reason: String
+        var description: String { "\(position): \(reason)" }
+    }
+
+    let verifier: SETVerifier
+    let ledger: any AuditingLedger
+    let planner: Planner
+    let door: ReplayDoor?
+    var statistics = ReplayStatistics()
+    /// (issuer, jti) pairs met so far, as 64-bit hashes (8 bytes each): a later copy is a
+    /// duplicate. Hasher is seeded per process, so no log can be made to collide on purpose.
+    private var seen = Set<Int>()
+
+    init(verifier: SETVerifier, ledger: any AuditingLedger, planner: Planner, door: ReplayDoor?) {
+        self.verifier = verifier
+        self.ledger = ledger
+        self.planner = planner
+        self.door = door
+    }
+
+    /// Verifies a batch on every core.
+    static func verify(_ entries: [ReplayEntry], with verifier: SETVerifier) async -> [Result<VerifiedSET, VerificationError>?] {
+        await withTaskGroup(of: (Int, Result<VerifiedSET, VerificationError>?).self) { group in
+            for (i, entry) in entries.enumerated() {
+                group.addTask {
+                    guard entry.malformed == nil else { return (i, nil) }
+                    return (i, await verifier.verify(entry.token, claimsCheckedAt: Self.claimsTime(entry)))
+                }
+            }
+            var results = [Result<VerifiedSET, VerificationError>?](repeating: nil, count: entries.count)
+            for await (i, result) in group { results[i] = result }
+            return results
+        }
+    }
+
+    /// When a logged token's claims are judged: when it was received, if the log says; else as
+    /// of its own `iat` (a token is judged as it would have been when it was sent).
+    static func claimsTime(_ entry: ReplayEntry) -> Double? {
+        entry.receivedAt ?? UnverifiedClaims(entry.token).issuedAt
+    }
+
+    /// Classifies one verified batch against the ledger; with a door, does what is missing.
+    func classify(_ entries: [ReplayEntry], _ results: [Result<VerifiedSET, VerificationError>?]) async throws -> [ReplayFinding] {
+        var findings: [ReplayFinding] = []
+        findings.reserveCapacity(entries.count)
+        var lookups: [EventKey] = []
+        for (entry, result) in zip(entries, results) {
+            let claimed = UnverifiedClaims(entry.token)
+            let time = entry.receivedAt ?? claimed.issuedAt
+            switch result {
+            case nil:
+                findings.append(ReplayFinding(position: entry.position, jti: nil, issuer: nil, valid: false,
+                                              error: ("invalid_request", entry.malformed ?? "not a token"), types: [], status: .invalid,
+                                              planned: [], time: time))
+            case .failure(let error) where error.isRetryable:
+                throw KeysUnavailable(position: entry.position, reason: error.description)
+            case .failure(let error):
+                findings.append(ReplayFinding(position: entry.position, jti: claimed.jti, issuer: claimed.issuer, valid: false,
+                                              error: (error.reportedCode, error.description), types: [], status: .invalid,
+                                              planned: [], time: time))
+                if let iss = claimed.issuer, let jti = claimed.jti { lookups.append(EventKey(issuer: iss, jti: jti)) }
+            case .success(let verified):
+                let token = verified.token
+                let key = EventKey(issuer: token.issuer, jti: token.jti)
+                var hasher = Hasher()
+                hasher.combine(key)
+                let first = seen.insert(hasher.finalize()).inserted
+                // The kinds only: no subject lookup is made (a dry run touches no target).
+                let planned = planner.plan(token, subject: .user("-")).steps.map { $0.action.kind }
+                findings.append(ReplayFinding(position: entry.position, jti: token.jti, issuer: token.issuer, valid: true,
+                                              types: token.events.map { $0.type.name }, status: first ? .ok : .duplicate,
+                                              planned: planned, time: time ?? token.issuedAt))
+                if first { lookups.append(key) }
+            }
+        }
+        let states = lookups.isEmpty ? [:] : try await ledger.eventStates(lookups)
+        var unknownValid: [Int] = []
+        for i in findings.indices {
+            let entry = entries[i]
+            guard let iss = findings[i].issuer, let jti = findings[i].jti else { continue }
+            let state = states[EventKey(issuer: iss, jti: jti)]
+            if findings[i].valid {
+                guard findings[i].status == .ok else { continue }
+                guard let state else {
+                    unknownValid.append(i)
+                    continue
+                }
+                findings[i].eventID = state.id
+                findings[i].ledgerSteps = state.steps
+                if state.steps.contains(where: { $0.status != .done }) || state.outcome == .failed || state.outcome == .pending
+                    || state.outcome == .claimed {
+                    findings[i].status = .plannedNotDone
+                }
+            } else if let state, state.tokenSHA256 == AuditChain.sha256Hex(entry.token) {
+                // This very token was taken as valid, and is refused today.
+                findings[i].eventID = state.id
+                findings[i].ledgerSteps = state.steps
+                findings[i].status = .verdictChanged
+            }
+        }
+        if !unknownValid.isEmpty {
+            let digests = unknownValid.map { AuditChain.sha256Hex(entries[$0].token) }
+            let rejected = try await ledger.rejectedDigests(digests)
+            for (i, digest) in zip(unknownValid, digests) {
+                findings[i].status = rejected.contains(digest) ? .verdictChanged : .neverProcessed
+            }
+        }
+        if let door { try await apply(entries, &findings, door: door) }
+        for finding in findings { statistics.add(finding) }
+        return findings
+    }
+
+    /// Does what the ledger says is missing: never-processed events (and those refused then and
+    /// valid now) are claimed, planned and acted on; failed steps are made pending again, and
+    /// pending ones run, through the pipeline as the worker runs them.
+    private func apply(_ entries: [ReplayEntry], _ findings: inout [ReplayFinding], door: ReplayDoor) async throws {
+        var chosen: [Int] = []
+        for i in findings.indices where findings[i].valid {
+            switch findings[i].status {
+            case .neverProcessed, .verdictChanged:
+                chosen.append(i)
+            case .plannedNotDone:
+                if let id = findings[i].eventID, findings[i].ledgerSteps?.contains(where: { $0.status == .failed }) == true {
+                    _ = try await ledger.reopenFailedSteps(ofEvent: id, reason: "warden replay --apply (\(entries[i].position))")
+                }
+                chosen.append(i)
+            default:
+                break
+            }
+        }
+        guard !chosen.isEmpty else { return }
+        let now = Date().timeIntervalSince1970
+        let messages = chosen.map { i in
+            IntakeMessage(value: entries[i].token, source: ReplayDoor.source, receivedAt: now, claimsCheckedAt: Self.claimsTime(entries[i]))
+        }
+        let dispositions = await door.apply(messages)
+        for (i, disposition) in zip(chosen, dispositions) {
+            findings[i].applied = switch disposition {
+            case .recorded(_, let outcome): outcome.rawValue
+            case .duplicate: "steps-run"
+            case .rejected(let code, _): "rejected: \(code)"
+            case .abandoned: "abandoned"
+            }
+        }
+        // What the ledger holds now, for the exit status: every repaired event is done.
+        let keys = chosen.compactMap { i in findings[i].issuer.flatMap { iss in findings[i].jti.map { EventKey(issuer: iss, jti: $0) } } }
+        let states = try await ledger.eventStates(keys)
+        for i in chosen {
+            guard let iss = findings[i].issuer, let jti = findings[i].jti, let state = states[EventKey(issuer: iss, jti: jti)] else { continue }
+            findings[i].eventID = state.id
+            findings[i].ledgerSteps = state.steps
+            let done = !state.steps.contains(where: { $0.status != .done }) && state.outcome != .failed && state.outcome != .pending
+            statistics.repaired += done ? 1 : 0
+            statistics.unrepaired += done ? 0 : 1
+        }
+    }
+
+    /// For a topic: the ledger's events from that topic received in the range that the log did
+    /// not hold, page by page.
+    func eventsNotInLog(topic: String, from: Double, to: Double, each: (ReplayFinding) throws -> Void) async throws {
+        var after: Int64 = 0
+        while true {
+            let page = try await ledger.events(sourcePrefix: "kafka:\(topic)/", receivedFrom: from, to: to, afterID: after, limit: 1000)
+            for event in page {
+                after = event.id
+                var hasher = Hasher()
+                hasher.combine(EventKey(issuer: event.issuer, jti: event.jti))
+                guard !seen.contains(hasher.finalize()) else { continue }
+                let finding = ReplayFinding(position: "ledger event \(event.id)", jti: event.jti, issuer: event.issuer, valid: true,
+                                            types: event.eventTypes.map { EventType($0).name }, status: .notInLog,
+                                            eventID: event.id, planned: [], time: event.receivedAt)
+                statistics.add(finding)
+                try each(finding)
+            }
+            if page.count < 1000 { break }
+        }
+    }
+}
+
+/// Counts for the summary and the HTML report, in memory bounded by the log's time span (one
+/// bucket per hour), not its size; the first discrepancies are kept to list.
+struct ReplayStatistics {
+    static let listedDiscrepancies = 1000
+
+    var entries = 0
+    var byStatus: [ReplayFinding.Status: Int] = [:]
+    var byType: [String: [ReplayFinding.Status: Int]] = [:]
+    /// Hour since 1970 → counts by status.
+    var timeline: [Int: [ReplayFinding.Status: Int]] = [:]
+    var discrepancies: [ReplayFinding] = []
+    var discrepancyCount = 0
+    var repaired = 0
+    var unrepaired = 0
+
+    mutating func add(_ finding: ReplayFinding) {
+        entries += 1
+        byStatus[finding.status, default: 0] += 1
+        for type in finding.types.isEmpty ? ["(none)"] : finding.types { byType[type, default: [:]][finding.status, default: 0] += 1 }
+        if let time = finding.time, time.isFinite, abs(time) < 1e11 {
+            timeline[Int((time / 3600).rounded(.down)), default: [:]][finding.status, default: 0] += 1
+        }
+        if finding.status.isDiscrepancy {
+            discrepancyCount += 1
+            if discrepancies.count < Self.listedDiscrepancies { discrepancies.append(finding) }
+        }
+    }
+
+    /// The human summary: counts by event type and by status.
+    var summary: String {
+        var lines = ["replayed \(entries) entries"]
+        lines.append("by status:")
+        for status in ReplayFinding.Status.allCases where byStatus[status, default: 0] > 0 {
+            lines.append("  \(status.rawValue.padding(toLength: 18, withPad: " ", startingAt: 0)) \(byStatus[status]!)")
+        }
+        lines.append("by event type:")
+        for type in byType.keys.sorted() {
+            let counts = byType[type]!
+            let detail = ReplayFinding.Status.allCases.compactMap { s in counts[s].map { "\(s.rawValue) \($0)" } }.joined(separator: ", ")
+            lines.append("  \(type): \(counts.values.reduce(0, +)) (\(detail))")
+        }
+        lines.append(discrepancyCount == 0 ? "no discrepancies" : "\(discrepancyCount) discrepancies")
+        if repaired + unrepaired > 0 { lines.append("applied: \(repaired) repaired, \(unrepaired) not (see the report)") }
+        return lines.joined(separator: "\n")
+    }
+}

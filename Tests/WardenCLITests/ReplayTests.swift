@@ -1,0 +1,281 @@
+import Foundation
+import Kafka
+import Ledger
+import SETMinting
+import SecurityEvents
+import Testing
+import WardenTestSupport
+
+/// `warden replay` and `warden audit` against what a real worker left in its ledger: a push
+/// receiver on loopback, a JWKS served over HTTP and then rotated, a webhook that counts calls.
+@Suite("warden replay and audit", .serialized, .timeLimit(.minutes(6)))
+struct ReplayTests {
+    /// The key the issuer used first, and the one it rotated to.
+    static let before = try! SigningKey.rsa(keyID: "replay-before", algorithm: "RS256")
+    static let after = try! SigningKey.rsa(keyID: "replay-after", algorithm: "RS256")
+    /// Another key under the first key's kid: what a forger would sign with.
+    static let forger = try! SigningKey.rsa(keyID: "replay-before", algorithm: "RS256")
+
+    static func token(_ jti: String, key: SigningKey = before, subject: String = "u1") throws -> String {
+        try SETMinter.token(claims: SETMinter.riscClaims(issuer: WorkerTests.issuer, audience: WorkerTests.audience,
+                                                         subject: subject, jti: jti), key: key)
+    }
+
+    struct Report {
+        let status: Int32
+        let stdout: String
+        let lines: [JSONObject]
+        var statuses: [String] { lines.compactMap { $0["status"]?.stringValue } }
+    }
+
+    static func replay(_ config: URL, _ log: URL, apply: Bool = false, html: URL? = nil) async throws -> Report {
+        let report = config.deletingLastPathComponent().appendingPathComponent("report-\(UUID().uuidString).jsonl")
+        var arguments = ["replay", "--config", config.path, "--file", log.path, "--report", report.path]
+        if apply { arguments.append("--apply") }
+        if let html { arguments += ["--html", html.path] }
+        let result = try await Warden.run(arguments)
+        let text = (try? String(contentsOf: report, encoding: .utf8)) ?? ""
+        let lines = try text.split(separator: "\n").map { try #require(try JSONParser.parse(String($0)).objectValue) }
+        return Report(status: result.status, stdout: result.stdout + result.stderr, lines: lines)
+    }
+
+    @Test func aLogIsComparedWithTheLedgerThenRepairedExactlyOnce() async throws {
+        let keys = try await KeyServer.start()
+        keys.serve("/jwks", json: SETMinter.jwks([Self.before]))
+        let hooks = try await KeyServer.start()
+        hooks.serve("/hook", .init(body: "", status: 400))  // refuses for good until told otherwise
+        let setup = try PushReceiverTests.Setup(keySource: "jwks-uri: \(keys.url("/jwks"))", bearerTokens: false, extra: """
+            targets:
+              app: {webhook: {url: "\(hooks.url("/hook"))", hmac-secret: test-secret}}
+            policy:
+              sessions-revoked:
+                - notify: {target: app}
+            """)
+        defer { setup.cleanUp() }
+        let failed = try Self.token("failed-1"), done = try Self.token("done-1"), never = try Self.token("never-1")
+        let forged = try Self.token("forged-1", key: Self.forger)
+        let lateKey = try Self.token("late-key-1", key: Self.after)
+
+        let worker = try WorkerProcess(config: setup.config)
+        let port = try await worker.announcedPort("receiver")
+        #expect(try await PushReceiverTests.send(port, failed, bearer: nil).status == 202)
+        try await WorkerTests.waitFor("the first event's step failed for good") {
+            try SQLiteLedgerReader(path: setup.ledgerPath).events().first?.outcome == "failed"
+        }
+        hooks.serve("/hook", .init(body: "", status: 200))
+        #expect(try await PushReceiverTests.send(port, done, bearer: nil).status == 202)
+        #expect(try await PushReceiverTests.send(port, forged, bearer: nil).status == 400)
+        // Signed by a key the issuer does not publish yet: refused.
+        #expect(try await PushReceiverTests.send(port, lateKey, bearer: nil).status == 400)
+        try await WorkerTests.waitFor("the second event processed") {
+            try SQLiteLedgerReader(path: setup.ledgerPath).events().count == 2
+                && SQLiteLedgerReader(path: setup.ledgerPath).eventCount(outcome: .processed) == 1
+        }
+        #expect(await worker.terminate() == 0)
+
+        // The issuer rotates: its JWKS now holds only the new key. Old tokens verify from the
+        // archive the worker kept; the token refused for its unknown key verifies now.
+        keys.serve("/jwks", json: SETMinter.jwks([Self.after]))
+        let log = setup.directory.appendingPathComponent("events.log")
+        try """
+        \(done)
+        \(failed)
+
+        \(forged)
+        {"token": "\(done)", "received_at": "\(RFC3339.string(from: Date().timeIntervalSince1970 + 1))"}
+        \(never)
+        not a token at all
+        \(lateKey)
+        {"no-token": true}
+        """.write(to: log, atomically: true, encoding: .utf8)
+        _ = try await runProgram("/usr/bin/gzip", ["-k", log.path])
+        let gzipped = URL(fileURLWithPath: log.path + ".gz")
+        let callsBefore = hooks.requests("/hook")
+
+        let html = setup.directory.appendingPathComponent("replay.html")
+        let dry = try await Self.replay(setup.config, gzipped, html: html)
+        #expect(dry.status == 1, "\(dry.stdout)")
+        #expect(dry.statuses == ["ok", "planned-not-done", "invalid", "duplicate", "never-processed", "invalid", "verdict-changed", "invalid"])
+        #expect(dry.lines.map { $0["position"]?.stringValue } == ["line 1", "line 2", "line 4", "line 5", "line 6", "line 7", "line 8", "line 9"])
+        #expect(dry.lines[0]["jti"]?.stringValue == "done-1")
+        #expect(dry.lines[0]["iss"]?.stringValue == WorkerTests.issuer)
+        #expect(dry.lines[0]["verdict"]?.stringValue == "valid")
+        #expect(dry.lines[0]["types"]?.arrayValue == [.string("sessions-revoked")])
+        #expect(dry.lines[0]["planned"]?.arrayValue == [.string("notify")])
+        #expect(dry.lines[2]["verdict"]?.stringValue == "invalid")
+        #expect(dry.lines[2]["err"]?.stringValue == "invalid_key", "a token forged under an archived kid is refused: \(dry.lines[2])")
+        #expect(dry.lines[2]["jti"]?.stringValue == "forged-1")
+        #expect(dry.lines[1]["ledger_steps"]?.arrayValue?.first?.objectValue?["status"]?.stringValue == "failed")
+        #expect(dry.stdout.contains("never-processed    1"), "\(dry.stdout)")
+        #expect(dry.stdout.contains("sessions-revoked: "), "\(dry.stdout)")
+        #expect(hooks.requests("/hook") == callsBefore, "a dry run acts on nothing")
+        let page = try String(contentsOf: html, encoding: .utf8)
+        #expect(page.contains("<svg"))
+        #expect(page.contains("never-1"))
+        for external in ["<script", "<link", "src=", "url(", "@import"] {
+            #expect(!page.contains(external), "the page must fetch nothing: found \(external)")
+        }
+
+        // --apply: the failed step runs again, the never-processed event and the one refused
+        // then are claimed and acted on: three webhook calls, no more.
+        let applied = try await Self.replay(setup.config, gzipped, apply: true)
+        #expect(applied.status == 0, "\(applied.stdout)")
+        #expect(hooks.requests("/hook") == callsBefore + 3)
+        #expect(applied.lines.compactMap { $0["applied"]?.stringValue } == ["steps-run", "processed", "processed"])
+        let reader = try SQLiteLedgerReader(path: setup.ledgerPath)
+        #expect(try reader.eventCount(outcome: .processed) == 4)
+        #expect(try reader.deliveries().filter { $0.source == "replay" }.count == 1, "the failed event's steps ran as a replayed delivery")
+
+        // Afterwards a dry run finds nothing missing, and applying again does nothing.
+        let again = try await Self.replay(setup.config, gzipped)
+        #expect(again.status == 0, "\(again.stdout)")
+        #expect(again.statuses == ["ok", "ok", "invalid", "duplicate", "ok", "invalid", "ok", "invalid"])
+        #expect(try await Self.replay(setup.config, log, apply: true).status == 0)
+        #expect(hooks.requests("/hook") == callsBefore + 3)
+
+        // The audit trail holds every outcome, and exports as the schema says.
+        let verified = try await Warden.run(["audit", "verify", "--config", setup.config.path])
+        #expect(verified.status == 0, "\(verified.stdout)\(verified.stderr)")
+        #expect(verified.stdout.hasPrefix("audit log intact: "))
+        let export = try await Warden.run(["audit", "export", "--config", setup.config.path])
+        #expect(export.status == 0)
+        let exported = export.stdout.split(separator: "\n").map(String.init)
+        #expect(exported.count >= 8)
+        try await AuditExportTests.validate(exported)
+    }
+
+    /// `warden replay --topic`: a consumer of its own over a time range, against the ledger.
+    @Test func aTopicRangeIsComparedWithTheLedger() async throws {
+        let cluster = try EmbeddedKafkaCluster(topics: [("security-events", 2)], logger: WorkerTests.quiet)
+        let directory = try WorkerTests.keyFolder()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let config = directory.appendingPathComponent("warden.yaml")
+        try """
+        \(WorkerTests.issuerSection("jwks-file: jwks.json"))
+        kafka:
+          brokers: \(cluster.bootstrapServers)
+          topic: security-events
+          group: replay-test
+        ledger: sqlite:ledger.sqlite
+        """.write(to: config, atomically: true, encoding: .utf8)
+        // In the range: one the ledger holds, one it never saw; before it: one ignored.
+        let start = 1_900_000_000.0
+        let seen = try WorkerTests.token(jti: "seen", subject: "a", key: WorkerTests.rsa)
+        let unseen = try WorkerTests.token(jti: "unseen", subject: "b", key: WorkerTests.rsa)
+        let early = try WorkerTests.token(jti: "early", subject: "c", key: WorkerTests.rsa)
+        let producer = """
+            import sys
+            from confluent_kafka import Producer
+            p = Producer({"bootstrap.servers": sys.argv[1]})
+            for ts, value in ((\(Int(start) - 3600) * 1000, sys.argv[2]), (\(Int(start) + 10) * 1000, sys.argv[3]), (\(Int(start) + 20) * 1000, sys.argv[4])):
+                p.produce("security-events", value=value.encode(), key=b"k", timestamp=ts)
+            p.flush(10)
+            """
+        _ = try await runProgram("/usr/bin/python3", ["-c", producer, cluster.bootstrapServers, early, seen, unseen])
+        let ledgerPath = directory.appendingPathComponent("ledger.sqlite").path
+        let ledger = try SQLiteLedger(path: ledgerPath)
+        func event(_ jti: String, _ token: String, source: String, at time: Double) -> LedgerEvent {
+            LedgerEvent(issuer: WorkerTests.issuer, jti: jti, token: token, source: source,
+                        eventTypes: [EventType.sessionsRevoked.uri], subject: nil, keyID: WorkerTests.rsa.keyID, algorithm: "RS256",
+                        keyThumbprint: "t", issuedAt: time, receivedAt: time)
+        }
+        _ = try await ledger.claim(event("seen", seen, source: "kafka:security-events/1/0", at: start + 11), outcome: .processed, steps: [])
+        // Recorded from the topic in the range, but no longer on it (retention).
+        _ = try await ledger.claim(event("gone", "x.y.z", source: "kafka:security-events/0/0", at: start + 30), outcome: .processed, steps: [])
+        // From another topic: not this replay's business.
+        _ = try await ledger.claim(event("other", "x.y.z", source: "kafka:other/0/0", at: start + 30), outcome: .processed, steps: [])
+        await ledger.close()
+
+        let report = directory.appendingPathComponent("report.jsonl")
+        let result = try await Warden.run(["replay", "--config", config.path, "--topic", "security-events",
+                                           "--from", RFC3339.string(from: start), "--to", RFC3339.string(from: start + 3600),
+                                           "--report", report.path])
+        #expect(result.status == 1, "\(result.stdout)\(result.stderr)")
+        let lines = try String(contentsOf: report, encoding: .utf8).split(separator: "\n").map { try #require(try JSONParser.parse(String($0)).objectValue) }
+        let byJTI = Dictionary(uniqueKeysWithValues: lines.map { ($0["jti"]?.stringValue ?? "", $0["status"]?.stringValue ?? "") })
+        #expect(byJTI == ["seen": "ok", "unseen": "never-processed", "gone": "not-in-log"])
+        #expect(result.stdout.contains("not-in-log         1"), "\(result.stdout)")
+    }
+
+    @Test func usageErrorsExitTwo() async throws {
+        let directory = try WorkerTests.keyFolder()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let config = directory.appendingPathComponent("warden.yaml")
+        try "\(WorkerTests.issuerSection("jwks-file: jwks.json"))\nledger: sqlite:ledger.sqlite\n".write(to: config, atomically: true, encoding: .utf8)
+        for arguments in [["--file", "a", "--topic", "b"], [], ["--topic", "t", "--from", "yesterday"], ["--file", "/nonexistent/log"],
+                          ["--topic", "t"]] {
+            let result = try await Warden.run(["replay", "--config", config.path] + arguments)
+            #expect(result.status == 2, "\(arguments): \(result.stderr)")
+        }
+        // No ledger yet: audit and replay refuse rather than create an empty one.
+        let audit = try await Warden.run(["audit", "verify", "--config", config.path])
+        #expect(audit.status == 2)
+        #expect(audit.stderr.contains("no ledger at"))
+        #expect(!FileManager.default.fileExists(atPath: directory.appendingPathComponent("ledger.sqlite").path))
+    }
+}
+
+/// `warden audit`: exports valid against the schema, with hashes an independent program
+/// recomputes; tampering named with exit 1.
+@Suite("warden audit", .serialized)
+struct AuditExportTests {
+    /// Validates exported lines against schemas/audit-record.schema.json, and recomputes every
+    /// hash and link in Python from the exported objects alone.
+    static func validate(_ lines: [String]) async throws {
+        let directory = try Warden.temporaryDirectory()
+        let file = directory.appendingPathComponent("export.jsonl")
+        try (lines.joined(separator: "\n") + "\n").write(to: file, atomically: true, encoding: .utf8)
+        let checker = """
+            import hashlib, json, sys
+            from jsonschema import Draft202012Validator
+            schema = json.load(open(sys.argv[1]))
+            validator = Draft202012Validator(schema)
+            previous = "0" * 64
+            for n, line in enumerate(open(sys.argv[2]), 1):
+                record = json.loads(line)
+                errors = list(validator.iter_errors(record))
+                if errors: sys.exit(f"line {n}: {errors[0].message}")
+                stored, link = record.pop("hash"), record.pop("prev_hash")
+                if link != previous: sys.exit(f"line {n}: prev_hash does not link")
+                text = json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+                if hashlib.sha256((previous + "\\n" + text).encode()).hexdigest() != stored: sys.exit(f"line {n}: hash differs")
+                previous = stored
+            print(n)
+            """
+        let schema = Warden.packageRoot.appendingPathComponent("schemas/audit-record.schema.json")
+        let counted = try await runProgram("/usr/bin/python3", ["-c", checker, schema.path, file.path])
+        #expect(counted == String(lines.count))
+    }
+
+    @Test func tamperingIsNamedWithExitOne() async throws {
+        let directory = try WorkerTests.keyFolder()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let config = directory.appendingPathComponent("warden.yaml")
+        try "\(WorkerTests.issuerSection("jwks-file: jwks.json"))\nledger: sqlite:ledger.sqlite\n".write(to: config, atomically: true, encoding: .utf8)
+        let path = directory.appendingPathComponent("ledger.sqlite").path
+        let ledger = try SQLiteLedger(path: path)
+        for i in 0..<5 {
+            _ = try await ledger.record([
+                .event(LedgerEvent(issuer: WorkerTests.issuer, jti: "j\(i)", token: "a.b.c", source: "push", eventTypes: ["urn:e"],
+                                   subject: #"{"format":"opaque","id":"\u0008x\u000c"}"#, keyID: "k", algorithm: "RS256",
+                                   keyThumbprint: "t", issuedAt: 1, receivedAt: 2), outcome: .processed, steps: []),
+                .rejection(Rejection(token: [0, 1, 2], source: "push", code: "invalid_request", description: "ünïcode \u{1} ok",
+                                     receivedAt: 3)),
+            ])
+        }
+        await ledger.close()
+        let export = try await Warden.run(["audit", "export", "--config", config.path])
+        #expect(export.status == 0)
+        try await Self.validate(export.stdout.split(separator: "\n").map(String.init))
+        let windowed = try await Warden.run(["audit", "export", "--config", config.path, "--from", "2000-01-01T00:00:00Z",
+                                             "--to", "2001-01-01T00:00:00Z"])
+        #expect(windowed.status == 0)
+        #expect(windowed.stdout.isEmpty, "no record was recorded in 2000")
+
+        #expect(try await Warden.run(["audit", "verify", "--config", config.path]).stdout.hasPrefix("audit log intact: 10 records"))
+        _ = try await runProgram("/usr/bin/sqlite3", [path, "UPDATE audit_records SET record = replace(record, 'j3', 'j9') WHERE seq = 7"])
+        let broken = try await Warden.run(["audit", "verify", "--config", config.path])
+        #expect(broken.status == 1)
+        #expect(broken.stdout.contains("broken at record 7"), "\(broken.stdout)")
+    }
+}
