@@ -26,6 +26,6 @@ tail -n 12 "$work/replay.out"
 [ $status -le 1 ] || { echo "warden replay exited $status"; cat "$work/replay.err"; exit 1; }
 rate=$(echo "$count / ($end - $start)" | bc -l)
 echo "=== replay: $count SETs in $(printf '%.1f' "$(echo "$end - $start" | bc -l)") s = $(printf '%.0f' "$rate") SETs/s = \
-$(printf '%.2f' "$(echo "$rate / $limit" | bc -l)") of the two-core limit; peak RSS $(( $(cat "$work/rss.txt") / 1024 )) MB"
+$(printf '%.2f' "$(echo "$rate / $limit" | bc -l)") of the two-core limit; peak RSS $(( $(tail -n 1 "$work/rss.txt") / 1024 )) MB"
 after=$(openssl speed -multi 2 -seconds 3 rsa2048 2>/dev/null | awk '/^rsa 2048 bits/ {print $NF}')
 echo "openssl speed -multi 2 rsa2048 after the run: $after verify/s"

@@ -26,7 +26,7 @@ if FileManager.default.fileExists(atPath: gzFile.path), FileManager.default.file
     let key = try SigningKey.rsa(keyID: "replay-bench", algorithm: "RS256", bits: 2048)
     let started = Date()
     // Written in slices, so memory stays small however many are minted.
-    FileManager.default.createFile(atPath: logFile.path, contents: nil)
+    _ = FileManager.default.createFile(atPath: logFile.path, contents: nil)
     let output = try FileHandle(forWritingTo: logFile)
     let slice = 20_000
     final class Lines: @unchecked Sendable {

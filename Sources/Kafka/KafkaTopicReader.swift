@@ -106,6 +106,10 @@ public final class KafkaTopicReader {
         var idleSince = Date()
         while messages.count < limit, !remaining.isEmpty {
             guard let pointer = rd_kafka_consumer_poll(client.handle, 100) else {
+                // Offsets that hold no message (transaction markers, compacted records) are
+                // never delivered: a partition whose position has passed its end is done.
+                dropFinishedPartitions()
+                if remaining.isEmpty { break }
                 if messages.isEmpty, Date().timeIntervalSince(idleSince) > timeout {
                     throw KafkaError(.client, "no message of \(topic) arrived for \(Int(timeout)) s while \(remaining.count) partitions have more to read")
                 }
@@ -132,6 +136,17 @@ public final class KafkaTopicReader {
             messages.append(message)
         }
         return messages
+    }
+
+    private func dropFinishedPartitions() {
+        guard let list = rd_kafka_topic_partition_list_new(Int32(remaining.count)) else { return }
+        defer { rd_kafka_topic_partition_list_destroy(list) }
+        for partition in remaining { rd_kafka_topic_partition_list_add(list, topic, partition) }
+        guard rd_kafka_position(client.handle, list) == RD_KAFKA_RESP_ERR_NO_ERROR else { return }
+        for i in 0..<Int(list.pointee.cnt) {
+            let element = list.pointee.elems[i]
+            if element.offset >= 0, let end = ends[element.partition], element.offset >= end { remaining.remove(element.partition) }
+        }
     }
 
     public func close() {

@@ -96,23 +96,26 @@ extension PostgresLedger {
 
     public func eventStates(_ keys: [EventKey]) async throws(LedgerError) -> [EventKey: EventState] {
         try await transaction("read event states") { connection in
+            var found: [(Int64, String, String, String, String, String, Double)] = []
+            let issuers = keys.map(\.issuer), jtis = keys.map(\.jti)
+            for try await row in try await connection.query("""
+                SELECT id, issuer, jti, token, outcome, source, received_at FROM events
+                WHERE (issuer, jti) IN (SELECT * FROM unnest(\(issuers)::text[], \(jtis)::text[]))
+                """, logger: self.logger).decode((Int64, String, String, String, String, String, Double).self) { found.append(row) }
+            guard !found.isEmpty else { return [:] }
+            var steps: [Int64: [OutboxStep]] = [:]
+            let ids = found.map(\.0)
+            for try await (eventID, idx, kind, action, status, detail) in try await connection.query(
+                "SELECT event_id, idx, kind, action, status, detail FROM steps WHERE event_id = ANY(\(ids)) ORDER BY event_id, idx",
+                logger: self.logger).decode((Int64, Int, String, String, String, String?).self) {
+                steps[eventID, default: []].append(OutboxStep(index: idx, kind: kind, action: action,
+                                                              status: StepStatus(rawValue: status) ?? .pending, detail: detail))
+            }
             var states: [EventKey: EventState] = [:]
-            for key in keys {
-                var found: (Int64, String, String, String, Double)? = nil
-                for try await row in try await connection.query("""
-                    SELECT id, token, outcome, source, received_at FROM events WHERE issuer = \(key.issuer) AND jti = \(key.jti)
-                    """, logger: self.logger).decode((Int64, String, String, String, Double).self) { found = row }
-                guard let (id, token, outcome, source, receivedAt) = found else { continue }
-                var steps: [OutboxStep] = []
-                for try await (idx, kind, action, status, detail) in try await connection.query(
-                    "SELECT idx, kind, action, status, detail FROM steps WHERE event_id = \(id) ORDER BY idx", logger: self.logger)
-                    .decode((Int, String, String, String, String?).self) {
-                    steps.append(OutboxStep(index: idx, kind: kind, action: action, status: StepStatus(rawValue: status) ?? .pending,
-                                            detail: detail))
-                }
-                states[key] = EventState(id: id, tokenSHA256: AuditChain.sha256Hex(Array(token.utf8)),
-                                         outcome: EventOutcome(rawValue: outcome) ?? .claimed, source: source, receivedAt: receivedAt,
-                                         steps: steps)
+            for (id, issuer, jti, token, outcome, source, receivedAt) in found {
+                states[EventKey(issuer: issuer, jti: jti)] = EventState(
+                    id: id, tokenSHA256: AuditChain.sha256Hex(Array(token.utf8)), outcome: EventOutcome(rawValue: outcome) ?? .claimed,
+                    source: source, receivedAt: receivedAt, steps: steps[id] ?? [])
             }
             return states
         }

@@ -114,16 +114,34 @@ extension SQLiteLedger {
     public func eventStates(_ keys: [EventKey]) async throws(LedgerError) -> [EventKey: EventState] {
         try reading { db in
             var states: [EventKey: EventState] = [:]
-            for key in keys {
-                guard let row = try Row.fetchOne(db, sql: """
-                    SELECT e.id, coalesce(t.token, e.token) AS token, e.outcome, e.source, e.received_at
-                    FROM events e LEFT JOIN event_tokens t ON t.event_id = e.id WHERE e.issuer = ? AND e.jti = ?
-                    """, arguments: [key.issuer, key.jti]) else { continue }
-                let id: Int64 = row[0]
-                let token: String = row[1]
-                states[key] = EventState(id: id, tokenSHA256: AuditChain.sha256Hex(Array(token.utf8)),
-                                         outcome: EventOutcome(rawValue: row[2]) ?? .claimed, source: row[3], receivedAt: row[4],
-                                         steps: try SQLiteLedgerReader.steps(db, eventID: id))
+            // A few hundred pairs per statement: one index probe each, one statement per chunk.
+            for start in stride(from: 0, to: keys.count, by: 400) {
+                let chunk = keys[start..<min(start + 400, keys.count)]
+                var arguments: [any DatabaseValueConvertible] = []
+                arguments.reserveCapacity(chunk.count * 2)
+                for key in chunk { arguments += [key.issuer, key.jti] }
+                let rows = try Row.fetchAll(db, sql: """
+                    SELECT e.id, e.issuer, e.jti, coalesce(t.token, e.token) AS token, e.outcome, e.source, e.received_at
+                    FROM events e LEFT JOIN event_tokens t ON t.event_id = e.id
+                    WHERE (e.issuer, e.jti) IN (VALUES \(Array(repeating: "(?, ?)", count: chunk.count).joined(separator: ", ")))
+                    """, arguments: StatementArguments(arguments))
+                guard !rows.isEmpty else { continue }
+                let ids: [Int64] = rows.map { $0[0] }
+                var steps: [Int64: [OutboxStep]] = [:]
+                for row in try Row.fetchAll(db, sql: """
+                    SELECT event_id, idx, kind, action, status, detail FROM steps
+                    WHERE event_id IN (\(databaseQuestionMarks(count: ids.count))) ORDER BY event_id, idx
+                    """, arguments: StatementArguments(ids)) {
+                    steps[row[0], default: []].append(OutboxStep(index: row[1], kind: row[2], action: row[3],
+                                                                 status: StepStatus(rawValue: row[4]) ?? .pending, detail: row[5]))
+                }
+                for row in rows {
+                    let id: Int64 = row[0]
+                    let token: String = row[3]
+                    states[EventKey(issuer: row[1], jti: row[2])] = EventState(
+                        id: id, tokenSHA256: AuditChain.sha256Hex(Array(token.utf8)), outcome: EventOutcome(rawValue: row[4]) ?? .claimed,
+                        source: row[5], receivedAt: row[6], steps: steps[id] ?? [])
+                }
             }
             return states
         }
@@ -132,9 +150,11 @@ extension SQLiteLedger {
     public func rejectedDigests(_ digests: [String]) async throws(LedgerError) -> Set<String> {
         try reading { db in
             var found = Set<String>()
-            for digest in digests
-            where try Bool.fetchOne(db, sql: "SELECT 1 FROM deliveries WHERE token_sha256 = ? LIMIT 1", arguments: [digest]) == true {
-                found.insert(digest)
+            for start in stride(from: 0, to: digests.count, by: 800) {
+                let chunk = Array(digests[start..<min(start + 800, digests.count)])
+                found.formUnion(try String.fetchAll(db, sql: """
+                    SELECT DISTINCT token_sha256 FROM deliveries WHERE token_sha256 IN (\(databaseQuestionMarks(count: chunk.count)))
+                    """, arguments: StatementArguments(chunk)))
             }
             return found
         }

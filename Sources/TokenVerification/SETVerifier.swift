@@ -73,6 +73,23 @@ public final class SETVerifier: Sendable {
     /// future, `max-age`, a logout token's `exp`) instead of now — for a token verified before
     /// and stored, judged as of when it arrived. Keys are always judged now.
     public func verify(_ token: some Collection<UInt8>, claimsCheckedAt: Double? = nil) async -> Result<VerifiedSET, VerificationError> {
+        await verify(token, claimsTime: claimsCheckedAt.map(ClaimsTime.at) ?? .now)
+    }
+
+    /// When a token's claims (`iat` in the future, `max-age`, a logout token's `exp`) are judged.
+    public enum ClaimsTime: Sendable {
+        /// Now: a token arriving.
+        case now
+        /// At this time (seconds since 1970): a stored token, as of when it first arrived.
+        case at(Double)
+        /// At the token's own `iat`: a logged token whose arrival is not known, judged as it
+        /// would have been when it was sent (a replay).
+        case issuedAt
+    }
+
+    /// Verifies a compact JWS, its claims judged at `claimsTime`. Keys are always judged now.
+    public func verify(_ token: some Collection<UInt8>, claimsTime: ClaimsTime) async -> Result<VerifiedSET, VerificationError> {
+        let claimsCheckedAt = claimsTime
         // Fast path: the issuer's keys are at hand, so everything happens in place, without
         // suspending or copying the token.
         let first = token.withContiguousStorageIfAvailable { attempt($0, keys: .cached, claimsCheckedAt: claimsCheckedAt) }
@@ -93,7 +110,7 @@ public final class SETVerifier: Sendable {
         return result
     }
 
-    private func verifyNeedingKeys(_ token: some Collection<UInt8>, issuer: Issuer, keyID: String, claimsCheckedAt: Double?) async
+    private func verifyNeedingKeys(_ token: some Collection<UInt8>, issuer: Issuer, keyID: String, claimsCheckedAt: ClaimsTime) async
         -> Result<VerifiedSET, VerificationError>
     {
 
@@ -142,7 +159,7 @@ public final class SETVerifier: Sendable {
     }
 
     /// Verifies in place, in the caller's buffer, without suspending.
-    private func attempt(_ token: UnsafeBufferPointer<UInt8>, keys: KeyChoice, claimsCheckedAt: Double?) -> Attempt {
+    private func attempt(_ token: UnsafeBufferPointer<UInt8>, keys: KeyChoice, claimsCheckedAt: ClaimsTime) -> Attempt {
         do throws(VerificationError) {
             let parsed = try ParsedToken(token, maximumBytes: maximumTokenBytes)
             let issuer = try selectIssuer(parsed)
@@ -161,7 +178,7 @@ public final class SETVerifier: Sendable {
                 }
                 entry = cached
             }
-            return .done(.success(try finish(parsed, token: token, issuer: issuer, entry: entry, now: claimsCheckedAt ?? now)))
+            return .done(.success(try finish(parsed, token: token, issuer: issuer, entry: entry, now: now, claimsTime: claimsCheckedAt)))
         } catch {
             return .done(.failure(error))
         }
@@ -213,7 +230,7 @@ public final class SETVerifier: Sendable {
     }
 
     private func finish(_ parsed: ParsedToken, token: UnsafeBufferPointer<UInt8>, issuer: Issuer,
-                        entry: KeySetEntry?, now: Double) throws(VerificationError) -> VerifiedSET {
+                        entry: KeySetEntry?, now current: Double, claimsTime: ClaimsTime) throws(VerificationError) -> VerifiedSET {
         let key: VerificationKey
         switch entry {
         case nil:
@@ -250,6 +267,11 @@ public final class SETVerifier: Sendable {
             }
         }
         try checkAudience(set, policy: issuer.policy)
+        let now = switch claimsTime {
+        case .now: current
+        case .at(let time): time
+        case .issuedAt: set.issuedAt
+        }
         try checkTimes(set, policy: issuer.policy, now: now)
         try checkProfile(set, policy: issuer.policy, now: now)
         return VerifiedSET(token: set, header: JOSEHeader(algorithm: parsed.algorithm, keyID: parsed.keyID,

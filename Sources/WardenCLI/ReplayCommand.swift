@@ -109,6 +109,9 @@ extension WardenCommand {
             if status != 0 { throw ExitCode(status) }
         }
 
+        /// Entries read, verified and compared at a time.
+        static let batchSize = 1024
+
         private func replay(_ source: inout any ReplaySource, configuration: WardenConfiguration, ledger: any AuditingLedger,
                             client: HTTPClient, logger: Logger, reportFile: FileHandle?) async throws -> Int32 {
             let archived: [ArchivedKey]
@@ -161,11 +164,11 @@ extension WardenCommand {
             }
             do {
                 // The next batch is read and verified while the last one is compared with the ledger.
-                var batch = try source.next(limit: 512)
+                var batch = try source.next(limit: Self.batchSize)
                 var verifying = Task { [batch] in await Replayer.verify(batch, with: verifier) }
                 while !batch.isEmpty {
+                    let next = try source.next(limit: Self.batchSize)
                     let results = await verifying.value
-                    let next = try source.next(limit: 512)
                     verifying = Task { [next] in await Replayer.verify(next, with: verifier) }
                     write(try await replayer.classify(batch, results))
                     progress.update(entries: replayer.statistics.entries, source: source.progress)

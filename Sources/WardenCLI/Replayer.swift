@@ -82,9 +82,8 @@ final class Replayer {
     let planner: Planner
     let door: ReplayDoor?
     var statistics = ReplayStatistics()
-    /// (issuer, jti) pairs met so far, as 64-bit hashes (8 bytes each): a later copy is a
-    /// duplicate. Hasher is seeded per process, so no log can be made to collide on purpose.
-    private var seen = Set<Int>()
+    /// (issuer, jti) pairs met so far: a later copy is a duplicate.
+    private let seen = SeenPairs()
 
     init(verifier: SETVerifier, ledger: any AuditingLedger, planner: Planner, door: ReplayDoor?) {
         self.verifier = verifier
@@ -93,23 +92,34 @@ final class Replayer {
         self.door = door
     }
 
-    /// Verifies a batch on every core.
+    /// Verifies a batch on every core: one task per core, each taking every n-th entry.
     static func verify(_ entries: [ReplayEntry], with verifier: SETVerifier) async -> [Result<VerifiedSET, VerificationError>?] {
-        await withTaskGroup(of: (Int, Result<VerifiedSET, VerificationError>?).self) { group in
-            for (i, entry) in entries.enumerated() {
+        // A few lanes per core, so that no core waits for one slow lane.
+        let lanes = max(1, min(ProcessInfo.processInfo.activeProcessorCount * 4, entries.count))
+        return await withTaskGroup(of: [(Int, Result<VerifiedSET, VerificationError>)].self) { group in
+            for lane in 0..<lanes {
                 group.addTask {
-                    guard entry.malformed == nil else { return (i, nil) }
-                    return (i, await verifier.verify(entry.token, claimsCheckedAt: Self.claimsTime(entry)))
+                    var results: [(Int, Result<VerifiedSET, VerificationError>)] = []
+                    results.reserveCapacity(entries.count / lanes + 1)
+                    for i in stride(from: lane, to: entries.count, by: lanes) where entries[i].malformed == nil {
+                        // Claims are judged as of when the SET was received if the log says,
+                        // else as of its own iat.
+                        let time: SETVerifier.ClaimsTime = entries[i].receivedAt.map { .at($0) } ?? .issuedAt
+                        results.append((i, await verifier.verify(entries[i].token, claimsTime: time)))
+                    }
+                    return results
                 }
             }
             var results = [Result<VerifiedSET, VerificationError>?](repeating: nil, count: entries.count)
-            for await (i, result) in group { results[i] = result }
+            for await lane in group {
+                for (i, result) in lane { results[i] = result }
+            }
             return results
         }
     }
 
-    /// When a logged token's claims are judged: when it was received, if the log says; else as
-    /// of its own `iat` (a token is judged as it would have been when it was sent).
+    /// When a logged token's claims are judged, for the pipeline (--apply): when it was
+    /// received, if the log says; else as of its own `iat`.
     static func claimsTime(_ entry: ReplayEntry) -> Double? {
         entry.receivedAt ?? UnverifiedClaims(entry.token).issuedAt
     }
@@ -119,32 +129,36 @@ final class Replayer {
         var findings: [ReplayFinding] = []
         findings.reserveCapacity(entries.count)
         var lookups: [EventKey] = []
+        // Which valid entries are the first copy of their event, in one pass over the batch.
+        let validKeys = results.compactMap { result -> Int? in
+            guard case .success(let verified)? = result else { return nil }
+            return SeenPairs.hash(EventKey(issuer: verified.token.issuer, jti: verified.token.jti))
+        }
+        var firsts = try seen.insert(validKeys).makeIterator()
         for (entry, result) in zip(entries, results) {
-            let claimed = UnverifiedClaims(entry.token)
-            let time = entry.receivedAt ?? claimed.issuedAt
             switch result {
             case nil:
                 findings.append(ReplayFinding(position: entry.position, jti: nil, issuer: nil, valid: false,
                                               error: ("invalid_request", entry.malformed ?? "not a token"), types: [], status: .invalid,
-                                              planned: [], time: time))
+                                              planned: [], time: entry.receivedAt))
             case .failure(let error) where error.isRetryable:
                 throw KeysUnavailable(position: entry.position, reason: error.description)
             case .failure(let error):
+                // What it claims to be, unverified: to find what the ledger made of this very token.
+                let claimed = UnverifiedClaims(entry.token)
                 findings.append(ReplayFinding(position: entry.position, jti: claimed.jti, issuer: claimed.issuer, valid: false,
                                               error: (error.reportedCode, error.description), types: [], status: .invalid,
-                                              planned: [], time: time))
+                                              planned: [], time: entry.receivedAt ?? claimed.issuedAt))
                 if let iss = claimed.issuer, let jti = claimed.jti { lookups.append(EventKey(issuer: iss, jti: jti)) }
             case .success(let verified):
                 let token = verified.token
                 let key = EventKey(issuer: token.issuer, jti: token.jti)
-                var hasher = Hasher()
-                hasher.combine(key)
-                let first = seen.insert(hasher.finalize()).inserted
+                let first = firsts.next() ?? true
                 // The kinds only: no subject lookup is made (a dry run touches no target).
                 let planned = planner.plan(token, subject: .user("-")).steps.map { $0.action.kind }
                 findings.append(ReplayFinding(position: entry.position, jti: token.jti, issuer: token.issuer, valid: true,
                                               types: token.events.map { $0.type.name }, status: first ? .ok : .duplicate,
-                                              planned: planned, time: time ?? token.issuedAt))
+                                              planned: planned, time: entry.receivedAt ?? token.issuedAt))
                 if first { lookups.append(key) }
             }
         }
@@ -238,9 +252,7 @@ final class Replayer {
             let page = try await ledger.events(sourcePrefix: "kafka:\(topic)/", receivedFrom: from, to: to, afterID: after, limit: 1000)
             for event in page {
                 after = event.id
-                var hasher = Hasher()
-                hasher.combine(EventKey(issuer: event.issuer, jti: event.jti))
-                guard !seen.contains(hasher.finalize()) else { continue }
+                guard try !seen.contains(SeenPairs.hash(EventKey(issuer: event.issuer, jti: event.jti))) else { continue }
                 let finding = ReplayFinding(position: "ledger event \(event.id)", jti: event.jti, issuer: event.issuer, valid: true,
                                             types: event.eventTypes.map { EventType($0).name }, status: .notInLog,
                                             eventID: event.id, planned: [], time: event.receivedAt)

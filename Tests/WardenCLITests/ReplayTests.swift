@@ -5,6 +5,7 @@ import SETMinting
 import SecurityEvents
 import Testing
 import WardenTestSupport
+@testable import WardenCLI
 
 /// `warden replay` and `warden audit` against what a real worker left in its ledger: a push
 /// receiver on loopback, a JWKS served over HTTP and then rotated, a webhook that counts calls.
@@ -277,5 +278,22 @@ struct AuditExportTests {
         let broken = try await Warden.run(["audit", "verify", "--config", config.path])
         #expect(broken.status == 1)
         #expect(broken.stdout.contains("broken at record 7"), "\(broken.stdout)")
+    }
+}
+
+/// The replay's memory of events met: bounded in memory, exact across its move to disk.
+@Suite("warden replay: events met")
+struct SeenPairsTests {
+    @Test func laterCopiesAreFoundInMemoryAndOnDisk() throws {
+        let seen = SeenPairs(memoryLimit: 8)
+        let first = try seen.insert((0..<20).map { $0 * 7 })
+        #expect(first == Array(repeating: true, count: 20))
+        // A batch mixing pairs met long ago (moved to disk), lately (in memory), within the
+        // batch itself, and new ones.
+        let second = try seen.insert([0, 133, 500, 500, 7, 501])
+        #expect(second == [false, false, true, false, false, true])
+        #expect(try seen.contains(14))
+        #expect(try seen.contains(500))
+        #expect(try !seen.contains(502))
     }
 }
