@@ -215,102 +215,114 @@ public struct AuditRecord: Sendable, Equatable {
     }
 
     /// The record as canonical JSON: members in code-point order, no spaces, absent members left
-    /// out, times as RFC 3339 with milliseconds. The subject is embedded as the ledger stores it.
+    /// out, times as RFC 3339 with milliseconds. The subject is a string: its JSON text as the ledger keeps it.
     public func canonicalJSON(seq: Int64) -> [UInt8] {
+        var w = CanonicalWriter(capacity: 512 + (subject?.utf8.count ?? 0) + steps.count * 96)
+        w.string("algorithm", algorithm)
+        w.string("description", error?.description)
+        w.string("err", error?.code)
+        w.integer("event_id", eventID)
+        if !eventTypes.isEmpty {
+            w.name("event_types")
+            writeJSONArray(eventTypes, to: &w.out)
+        }
+        w.time("issued_at", issuedAt)
+        w.string("issuer", issuer)
+        w.string("jti", jti)
+        w.string("key_id", keyID)
+        w.string("key_thumbprint", keyThumbprint)
+        w.string("kind", kind.rawValue)
+        w.string("note", note)
+        w.string("outcome", outcome)
+        w.time("received_at", receivedAt)
+        w.time("recorded_at", recordedAt)
+        w.integer("seq", seq)
+        w.string("source", source)
+        w.name("steps")
+        w.out.append(UInt8(ascii: "["))
+        for (i, step) in steps.enumerated() {
+            if i > 0 { w.out.append(UInt8(ascii: ",")) }
+            w.raw("{\"attempts\":")
+            Self.writeInteger(Int64(step.attempts), to: &w.out)
+            if let detail = step.detail {
+                w.raw(",\"detail\":")
+                JSONValue.writeString(detail, to: &w.out)
+            }
+            w.raw(",\"index\":")
+            Self.writeInteger(Int64(step.index), to: &w.out)
+            w.raw(",\"kind\":")
+            JSONValue.writeString(step.kind, to: &w.out)
+            w.raw(",\"status\":")
+            JSONValue.writeString(step.status.rawValue, to: &w.out)
+            w.raw("}")
+        }
+        w.out.append(UInt8(ascii: "]"))
+        // The subject as the JSON text the ledger keeps, in a string: re-serialised from its
+        // parsed form, a string comes back byte for byte, where an object's members might not.
+        w.string("subject", subject)
+        w.string("token_sha256", tokenSHA256)
+        w.string("verdict", error == nil ? "valid" : "invalid")
+        w.out.append(UInt8(ascii: "}"))
+        return w.out
+    }
+
+    /// Writes one object's members, in the order given (the caller's is code-point order).
+    struct CanonicalWriter {
         var out: [UInt8] = []
-        out.reserveCapacity(768)
         var first = true
-        func name(_ n: String) {
+
+        init(capacity: Int) { out.reserveCapacity(capacity) }
+
+        /// Names are ASCII and need no escaping: written as they are.
+        mutating func name(_ n: StaticString) {
             out.append(first ? UInt8(ascii: "{") : UInt8(ascii: ","))
             first = false
-            JSONValue.writeString(n, to: &out)
+            out.append(UInt8(ascii: "\""))
+            raw(n)
+            out.append(UInt8(ascii: "\""))
             out.append(UInt8(ascii: ":"))
         }
-        func string(_ n: String, _ value: String?) {
+
+        /// JSON text written as it is (from the source, so known to be valid).
+        mutating func raw(_ text: StaticString) {
+            out.append(contentsOf: UnsafeBufferPointer(start: text.utf8Start, count: text.utf8CodeUnitCount))
+        }
+
+        mutating func string(_ n: StaticString, _ value: String?) {
             guard let value else { return }
             name(n)
             JSONValue.writeString(value, to: &out)
         }
-        func integer(_ n: String, _ value: Int64?) {
+
+        mutating func integer(_ n: StaticString, _ value: Int64?) {
             guard let value else { return }
             name(n)
-            out += String(value).utf8
+            AuditRecord.writeInteger(value, to: &out)
         }
-        func time(_ n: String, _ value: Double?) { string(n, value.map(RFC3339.string(from:))) }
-        string("algorithm", algorithm)
-        string("description", error?.description)
-        string("err", error?.code)
-        integer("event_id", eventID)
-        if !eventTypes.isEmpty {
-            name("event_types")
-            writeJSONArray(eventTypes, to: &out)
-        }
-        time("issued_at", issuedAt)
-        string("issuer", issuer)
-        string("jti", jti)
-        string("key_id", keyID)
-        string("key_thumbprint", keyThumbprint)
-        string("kind", kind.rawValue)
-        string("note", note)
-        string("outcome", outcome)
-        time("received_at", receivedAt)
-        time("recorded_at", recordedAt)
-        integer("seq", seq)
-        string("source", source)
-        name("steps")
-        out.append(UInt8(ascii: "["))
-        for (i, step) in steps.enumerated() {
-            if i > 0 { out.append(UInt8(ascii: ",")) }
-            out += "{\"attempts\":\(step.attempts)".utf8
-            if let detail = step.detail {
-                out += ",\"detail\":".utf8
-                JSONValue.writeString(detail, to: &out)
-            }
-            out += ",\"index\":\(step.index),\"kind\":".utf8
-            JSONValue.writeString(step.kind, to: &out)
-            out += ",\"status\":\"\(step.status.rawValue)\"}".utf8
-        }
-        out.append(UInt8(ascii: "]"))
-        if let subject {
-            name("subject")
-            // Canonical too (the ledger keeps the subject as the token spelt it), so the record
-            // can be re-serialised and hashed from its parsed form.
-            if let parsed = try? JSONParser.parse(subject) {
-                Self.writeCanonical(parsed, to: &out)
-            } else {
-                JSONValue.writeString(subject, to: &out)
-            }
-        }
-        string("token_sha256", tokenSHA256)
-        string("verdict", error == nil ? "valid" : "invalid")
-        out.append(UInt8(ascii: "}"))
-        return out
-    }
-}
 
-extension AuditRecord {
-    /// `value` as canonical JSON: object members in code-point order of their names.
-    static func writeCanonical(_ value: JSONValue, to out: inout [UInt8]) {
-        switch value {
-        case .object(let object):
-            out.append(UInt8(ascii: "{"))
-            let members = object.members.sorted { $0.name.unicodeScalars.lexicographicallyPrecedes($1.name.unicodeScalars) }
-            for (i, member) in members.enumerated() {
-                if i > 0 { out.append(UInt8(ascii: ",")) }
-                JSONValue.writeString(member.name, to: &out)
-                out.append(UInt8(ascii: ":"))
-                writeCanonical(member.value, to: &out)
-            }
-            out.append(UInt8(ascii: "}"))
-        case .array(let items):
-            out.append(UInt8(ascii: "["))
-            for (i, item) in items.enumerated() {
-                if i > 0 { out.append(UInt8(ascii: ",")) }
-                writeCanonical(item, to: &out)
-            }
-            out.append(UInt8(ascii: "]"))
-        default:
-            value.write(to: &out)
+        mutating func time(_ n: StaticString, _ value: Double?) {
+            guard let value else { return }
+            name(n)
+            out.append(UInt8(ascii: "\""))
+            RFC3339.write(value, to: &out)
+            out.append(UInt8(ascii: "\""))
+        }
+    }
+
+    static func writeInteger(_ value: Int64, to out: inout [UInt8]) {
+        if value < 0 { out.append(UInt8(ascii: "-")) }
+        var magnitude = value.magnitude
+        var digits: (UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8,
+                     UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8) =
+            (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+        var count = 0
+        withUnsafeMutableBytes(of: &digits) { buffer in
+            repeat {
+                buffer[19 - count] = UInt8(ascii: "0") + UInt8(magnitude % 10)
+                magnitude /= 10
+                count += 1
+            } while magnitude > 0
+            out.append(contentsOf: buffer[(20 - count)...])
         }
     }
 }
@@ -321,24 +333,29 @@ public enum AuditChain {
     public static let genesis = String(repeating: "0", count: 64)
 
     public static func hash(previous: String, record: [UInt8]) -> String {
-        var hasher = SHA256()
-        hasher.update(data: Array(previous.utf8))
-        hasher.update(data: [UInt8(ascii: "\n")])
-        hasher.update(data: record)
-        return hex(hasher.finalize())
+        // One buffer, hashed in one call: three incremental updates cost more than the copy.
+        var input: [UInt8] = []
+        input.reserveCapacity(previous.utf8.count + 1 + record.count)
+        input += previous.utf8
+        input.append(UInt8(ascii: "\n"))
+        input += record
+        return hex(SHA256.hash(data: input))
     }
 
     public static func sha256Hex(_ bytes: [UInt8]) -> String { hex(SHA256.hash(data: bytes)) }
 
-    static func hex(_ digest: some Sequence<UInt8>) -> String {
-        let digits = Array("0123456789abcdef".utf8)
-        var out: [UInt8] = []
-        out.reserveCapacity(64)
-        for byte in digest {
-            out.append(digits[Int(byte >> 4)])
-            out.append(digits[Int(byte & 0xF)])
+    private static let hexDigits: [UInt8] = Array("0123456789abcdef".utf8)
+
+    static func hex(_ digest: SHA256.Digest) -> String {
+        digest.withUnsafeBytes { bytes in
+            String(unsafeUninitializedCapacity: bytes.count * 2) { out in
+                for (i, byte) in bytes.enumerated() {
+                    out[2 * i] = hexDigits[Int(byte >> 4)]
+                    out[2 * i + 1] = hexDigits[Int(byte & 0xF)]
+                }
+                return bytes.count * 2
+            }
         }
-        return String(decoding: out, as: UTF8.self)
     }
 
     /// Links records onto a chain whose head is (`seq`, `hash`).
@@ -347,11 +364,17 @@ public enum AuditChain {
         var hash: String
 
         mutating func link(_ record: AuditRecord) -> StoredAuditRecord {
+            let (text, previous) = linkBytes(record)
+            return StoredAuditRecord(seq: seq, record: String(decoding: text, as: UTF8.self), previousHash: previous, hash: hash)
+        }
+
+        /// The record's text, and the hash it follows; `seq` and `hash` are then the record's.
+        mutating func linkBytes(_ record: AuditRecord) -> (text: [UInt8], previous: String) {
             seq += 1
             let text = record.canonicalJSON(seq: seq)
-            let next = AuditChain.hash(previous: hash, record: text)
-            defer { hash = next }
-            return StoredAuditRecord(seq: seq, record: String(decoding: text, as: UTF8.self), previousHash: hash, hash: next)
+            let previous = hash
+            hash = AuditChain.hash(previous: previous, record: text)
+            return (text, previous)
         }
     }
 

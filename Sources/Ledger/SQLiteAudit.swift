@@ -48,12 +48,13 @@ struct SQLiteAuditAppender {
         guard var linker else { throw LedgerError(.refused, "the ledger has no audit chain head") }
         let insert = try db.cachedStatement(sql: "INSERT INTO audit_records (seq, record, prev_hash, hash) VALUES (?, ?, ?, ?)")
         for record in records {
-            let stored = linker.link(record)
+            // Bound as the bytes made, without a string between.
+            let (text, previous) = linker.linkBytes(record)
             try binder.execute(insert, in: db) {
-                $0.integer(stored.seq)
-                $0.text(stored.record)
-                $0.text(stored.previousHash)
-                $0.text(stored.hash)
+                $0.integer(linker.seq)
+                $0.text(utf8: text)
+                $0.text(previous)
+                $0.text(linker.hash)
             }
         }
         try binder.execute(db.cachedStatement(sql: "UPDATE audit_head SET seq = ?, hash = ? WHERE id = 1"), in: db) {

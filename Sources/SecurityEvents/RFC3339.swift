@@ -1,29 +1,60 @@
-#if canImport(Glibc)
-import Glibc
-#elseif canImport(Darwin)
-import Darwin
-#endif
-
 /// RFC 3339 times in UTC, as audit records, reports and the command line spell them.
 public enum RFC3339 {
     /// `2026-11-26T09:31:02.123Z`: milliseconds, always UTC.
     public static func string(from seconds: Double) -> String {
-        guard seconds.isFinite, abs(seconds) < 253_402_300_800 else { return "9999-12-31T23:59:59.999Z" }
-        var whole = Int(seconds.rounded(.down))
-        var millis = Int(((seconds - Double(whole)) * 1000).rounded())
-        if millis == 1000 {
-            whole += 1
-            millis = 0
+        var out: [UInt8] = []
+        out.reserveCapacity(24)
+        write(seconds, to: &out)
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    /// Appends `string(from:)`'s text as UTF-8, without making a string (audit records write
+    /// three per event).
+    public static func write(_ seconds: Double, to out: inout [UInt8]) {
+        // Years 0001…9999 only; anything else is written as the last millisecond of 9999.
+        guard seconds.isFinite, seconds >= -62_135_596_800, seconds < 253_402_300_800 else {
+            out += "9999-12-31T23:59:59.999Z".utf8
+            return
         }
-        var time = time_t(whole)
-        var parts = tm()
-        gmtime_r(&time, &parts)
-        func pad(_ n: Int32, _ width: Int) -> String {
-            let digits = String(n)
-            return String(repeating: "0", count: max(0, width - digits.count)) + digits
+        let totalMillis = Int64((seconds * 1000).rounded())
+        let millis = Int(((totalMillis % 1000) + 1000) % 1000)
+        let whole = (totalMillis - Int64(millis)) / 1000
+        var days = Int(whole >= 0 ? whole / 86_400 : (whole - 86_399) / 86_400)
+        let secondOfDay = Int(whole - Int64(days) * 86_400)
+        // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+        days += 719_468
+        let era = (days >= 0 ? days : days - 146_096) / 146_097
+        let dayOfEra = days - era * 146_097
+        let yearOfEra = (dayOfEra - dayOfEra / 1460 + dayOfEra / 36_524 - dayOfEra / 146_096) / 365
+        let dayOfYear = dayOfEra - (365 * yearOfEra + yearOfEra / 4 - yearOfEra / 100)
+        let mp = (5 * dayOfYear + 2) / 153
+        let day = dayOfYear - (153 * mp + 2) / 5 + 1
+        let month = mp < 10 ? mp + 3 : mp - 9
+        let year = yearOfEra + era * 400 + (month <= 2 ? 1 : 0)
+        func digits(_ value: Int, _ width: Int) {
+            var divisor = 1
+            for _ in 1..<width { divisor *= 10 }
+            var v = value
+            while divisor > 0 {
+                out.append(UInt8(ascii: "0") + UInt8(v / divisor))
+                v %= divisor
+                divisor /= 10
+            }
         }
-        return "\(pad(parts.tm_year + 1900, 4))-\(pad(parts.tm_mon + 1, 2))-\(pad(parts.tm_mday, 2))T"
-            + "\(pad(parts.tm_hour, 2)):\(pad(parts.tm_min, 2)):\(pad(parts.tm_sec, 2)).\(pad(Int32(millis), 3))Z"
+        digits(year, 4)
+        out.append(UInt8(ascii: "-"))
+        digits(month, 2)
+        out.append(UInt8(ascii: "-"))
+        digits(day, 2)
+        out.append(UInt8(ascii: "T"))
+        digits(secondOfDay / 3600, 2)
+        out.append(UInt8(ascii: ":"))
+        digits(secondOfDay / 60 % 60, 2)
+        out.append(UInt8(ascii: ":"))
+        digits(secondOfDay % 60, 2)
+        out.append(UInt8(ascii: "."))
+        digits(millis, 3)
+        out.append(UInt8(ascii: "Z"))
     }
 
     /// Seconds since 1970 of an RFC 3339 date-time (`2026-11-26T09:31:02Z`,
