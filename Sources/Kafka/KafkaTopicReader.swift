@@ -103,29 +103,38 @@ public final class KafkaTopicReader {
     /// messages are still due.
     public func next(limit: Int, timeout: Double = 30) throws(KafkaError) -> [KafkaMessage] {
         var messages: [KafkaMessage] = []
-        var idleSince = Date()
+        var progressSince = Date()
+        var polls = 0
         while messages.count < limit, !remaining.isEmpty {
+            polls += 1
+            // Offsets that hold no message (transaction markers, compacted records) are never
+            // delivered, and a busy topic may never poll empty: positions are looked at now and
+            // then as well as whenever a poll comes back empty.
+            if polls % 256 == 0 { dropFinishedPartitions() }
             guard let pointer = rd_kafka_consumer_poll(client.handle, 100) else {
-                // Offsets that hold no message (transaction markers, compacted records) are
-                // never delivered: a partition whose position has passed its end is done.
                 dropFinishedPartitions()
                 if remaining.isEmpty { break }
-                if messages.isEmpty, Date().timeIntervalSince(idleSince) > timeout {
-                    throw KafkaError(.client, "no message of \(topic) arrived for \(Int(timeout)) s while \(remaining.count) partitions have more to read")
+                if messages.isEmpty, Date().timeIntervalSince(progressSince) > timeout {
+                    throw KafkaError(.client, "no message of \(topic) in the range arrived for \(Int(timeout)) s while \(remaining.count) partitions have more to read")
                 }
                 if !messages.isEmpty { break }
                 continue
             }
             defer { rd_kafka_message_destroy(pointer) }
-            idleSince = Date()
             guard pointer.pointee.err == RD_KAFKA_RESP_ERR_NO_ERROR else {
                 let reason = rd_kafka_message_errstr(pointer).map { String(cString: $0) } ?? ""
                 throw KafkaError(.client, "reading \(topic) failed: \(String(cString: rd_kafka_err2name(pointer.pointee.err))) \(reason)")
             }
             let partition = pointer.pointee.partition, offset = pointer.pointee.offset
-            guard let end = ends[partition], offset < end else { continue }
+            guard let end = ends[partition], remaining.contains(partition) else { continue }
+            guard offset < end else {
+                // Past the range's end: this partition is done, and fetches no more.
+                finish(partition)
+                continue
+            }
             consumed += 1
-            if offset + 1 >= end { remaining.remove(partition) }
+            progressSince = Date()
+            if offset + 1 >= end { finish(partition) }
             let message = KafkaMessage(copying: pointer)
             if let timestamp = message.timestamp {
                 let seconds = Double(timestamp) / 1000
@@ -138,6 +147,15 @@ public final class KafkaTopicReader {
         return messages
     }
 
+    /// A partition read to its end: no longer waited for, and paused so it fetches nothing more.
+    private func finish(_ partition: Int32) {
+        remaining.remove(partition)
+        guard let list = rd_kafka_topic_partition_list_new(1) else { return }
+        defer { rd_kafka_topic_partition_list_destroy(list) }
+        rd_kafka_topic_partition_list_add(list, topic, partition)
+        rd_kafka_pause_partitions(client.handle, list)
+    }
+
     private func dropFinishedPartitions() {
         guard let list = rd_kafka_topic_partition_list_new(Int32(remaining.count)) else { return }
         defer { rd_kafka_topic_partition_list_destroy(list) }
@@ -145,7 +163,7 @@ public final class KafkaTopicReader {
         guard rd_kafka_position(client.handle, list) == RD_KAFKA_RESP_ERR_NO_ERROR else { return }
         for i in 0..<Int(list.pointee.cnt) {
             let element = list.pointee.elems[i]
-            if element.offset >= 0, let end = ends[element.partition], element.offset >= end { remaining.remove(element.partition) }
+            if element.offset >= 0, let end = ends[element.partition], element.offset >= end { finish(element.partition) }
         }
     }
 

@@ -449,20 +449,31 @@ public enum AuditChain {
 }
 
 extension AuditingLedger {
-    /// Checks the whole chain, page by page, up to the head read first (records appended while
-    /// the check runs lie beyond it).
+    /// Checks the whole chain, page by page, every record there is. The head is read before and
+    /// after: the records must reach the first (none cut from the end) and go no further than
+    /// the second (a head moved back would otherwise leave the records beyond it unchecked);
+    /// records appended meanwhile lie between the two.
     public func checkAuditChain(pageSize: Int = 1000) async throws(LedgerError) -> AuditChain.Finding {
-        let head = try await auditHead()
+        let before = try await auditHead()
         var checker = AuditChain.Checker()
         var after: Int64 = 0
         pages: while true {
             let page = try await auditRecords(afterSeq: after, limit: pageSize)
             for record in page {
-                guard record.seq <= head.seq, checker.check(record) else { break pages }
+                guard checker.check(record) else { break pages }
                 after = record.seq
             }
             if page.count < pageSize { break }
         }
-        return checker.finish(head: head)
+        if let broken = checker.broken { return broken }
+        let now = try await auditHead()
+        if checker.lastSeq > now.seq {
+            return .broken(seq: now.seq + 1, reason: "records go on past the chain's head (record \(now.seq)): the head was moved back")
+        }
+        if checker.lastSeq == now.seq, checker.lastHash != now.hash {
+            return .broken(seq: now.seq, reason: "the chain's head does not hold this record's hash")
+        }
+        // Appended since the head was first read, or cut from the end.
+        return checker.finish(head: checker.lastSeq >= before.seq ? (checker.lastSeq, checker.lastHash) : before)
     }
 }

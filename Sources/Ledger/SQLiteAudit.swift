@@ -89,7 +89,7 @@ extension SQLiteLedger {
     }
 
     public func archivedKeys() async throws(LedgerError) -> [ArchivedKey] {
-        try await writer.submit { db in
+        try reading { db in
             try Row.fetchAll(db, sql: "SELECT issuer, kid, thumbprint, jwk, first_seen, last_seen FROM signing_keys ORDER BY issuer, kid, last_seen")
                 .map { ArchivedKey(issuer: $0[0], keyID: $0[1], thumbprint: $0[2], jwk: $0[3], firstSeen: $0[4], lastSeen: $0[5]) }
         }

@@ -467,7 +467,12 @@ public final class SQLiteLedger: AuditingLedger {
     }
 
     public func recordRejection(_ rejection: Rejection) async throws(LedgerError) {
-        try await writer.submit { db in try Self.insert(rejection, in: db) }
+        try await writer.submit { db in
+            try Self.insert(rejection, in: db)
+            var audit = SQLiteAuditAppender()
+            audit.append(AuditRecord(rejection: rejection, recordedAt: Date().timeIntervalSince1970))
+            try audit.commit(in: db)
+        }
     }
 
     /// `PRAGMA synchronous` on the writing connection (2 = FULL: every commit is synced).

@@ -24,6 +24,18 @@ public struct VerifiedSET: Sendable {
     public var key: JSONObject
 }
 
+/// A key from the archive, and the latest `iat` it is trusted for: a token its issuer sent
+/// after it stopped publishing the key (signed with a retired, perhaps stolen, key) is refused.
+public struct ArchivedKeyEntry: Sendable {
+    public let entry: KeySetEntry
+    public let issuedNotAfter: Double
+
+    public init(entry: KeySetEntry, issuedNotAfter: Double) {
+        self.entry = entry
+        self.issuedNotAfter = issuedNotAfter
+    }
+}
+
 /// Verifies compact SETs against per-issuer policy. Checks, in order: size and shape, header
 /// (alg allow-list, no key material or URLs, no `crit`, no `zip`), issuer, key by `kid`,
 /// signature, then claims (`events`, `jti`, `iat`, `aud`, profile rules).
@@ -36,11 +48,11 @@ public final class SETVerifier: Sendable {
         /// Keys from the ledger's archive, by `kid`: used before the live keys, so a token signed
         /// by a key the issuer has since removed verifies if that key was ever seen (replay). A
         /// `kid` not in it is looked up in the live keys as usual.
-        public let archived: [String: KeySetEntry]
+        public let archived: [String: ArchivedKeyEntry]
         /// `policy.algorithms` as a bit mask.
         let algorithmMask: UInt32
 
-        public init(policy: IssuerPolicy, keys: IssuerKeyCache, archived: [String: KeySetEntry] = [:]) {
+        public init(policy: IssuerPolicy, keys: IssuerKeyCache, archived: [String: ArchivedKeyEntry] = [:]) {
             self.policy = policy
             self.keys = keys
             self.archived = archived
@@ -165,12 +177,14 @@ public final class SETVerifier: Sendable {
             let issuer = try selectIssuer(parsed)
             let now = clock.now()
             let entry: KeySetEntry?
+            var issuedNotAfter: Double? = nil
             switch keys {
             case .resolved(let resolved):
                 entry = resolved
             case .cached:
                 if !issuer.archived.isEmpty, let archived = issuer.archived[parsed.keyID] {
-                    entry = archived
+                    entry = archived.entry
+                    issuedNotAfter = archived.issuedNotAfter
                     break
                 }
                 guard let cached = issuer.keys.freshEntry(keyID: parsed.keyID, at: now) else {
@@ -178,7 +192,8 @@ public final class SETVerifier: Sendable {
                 }
                 entry = cached
             }
-            return .done(.success(try finish(parsed, token: token, issuer: issuer, entry: entry, now: now, claimsTime: claimsCheckedAt)))
+            return .done(.success(try finish(parsed, token: token, issuer: issuer, entry: entry, now: now, claimsTime: claimsCheckedAt,
+                                             issuedNotAfter: issuedNotAfter)))
         } catch {
             return .done(.failure(error))
         }
@@ -230,7 +245,8 @@ public final class SETVerifier: Sendable {
     }
 
     private func finish(_ parsed: ParsedToken, token: UnsafeBufferPointer<UInt8>, issuer: Issuer,
-                        entry: KeySetEntry?, now current: Double, claimsTime: ClaimsTime) throws(VerificationError) -> VerifiedSET {
+                        entry: KeySetEntry?, now current: Double, claimsTime: ClaimsTime,
+                        issuedNotAfter: Double? = nil) throws(VerificationError) -> VerifiedSET {
         let key: VerificationKey
         switch entry {
         case nil:
@@ -265,6 +281,9 @@ public final class SETVerifier: Sendable {
             case .invalidEvent: throw VerificationError(.invalidEvent, error.message)
             case .invalidSubject: throw VerificationError(.invalidSubject, error.message)
             }
+        }
+        if let issuedNotAfter, set.issuedAt > issuedNotAfter {
+            throw VerificationError(.unusableKey, "the archived key \(quoted(parsed.keyID)) was last seen published well before this token's \"iat\"; a token signed with a key its issuer had retired is not accepted")
         }
         try checkAudience(set, policy: issuer.policy)
         let now = switch claimsTime {

@@ -183,10 +183,13 @@ extension WardenCommand {
                 progress.finish()
                 FileHandle.standardError.write(Data("warden: keys unavailable at \(error.position), replay stopped: \(error.reason)\n".utf8))
                 return VerifyExit.keysUnavailable.rawValue
-            } catch let error as LedgerError {
+            } catch {
+                // The ledger, the log or the cluster failed: what was found so far is kept.
                 await door?.finish()
                 progress.finish()
-                FileHandle.standardError.write(Data("warden: the ledger cannot be read, replay stopped: \(error)\n".utf8))
+                if let reportFile, !reportBuffer.isEmpty { reportFile.write(Data(reportBuffer.utf8)) }
+                let what = error is LedgerError ? "the ledger cannot be read" : "the log cannot be read"
+                FileHandle.standardError.write(Data("warden: \(what), replay stopped after \(replayer.statistics.entries) entries: \(error)\n".utf8))
                 return 3
             }
             await door?.finish()

@@ -41,6 +41,9 @@ enum ReplayHTML {
         }
         if applied { html += "<div class=\"card\"><b>\(statistics.repaired)</b>repaired</div><div class=\"card\(statistics.unrepaired > 0 ? " bad" : "")\"><b>\(statistics.unrepaired)</b>not repaired</div>\n" }
         html += "</div>\n<h2>Timeline</h2>\n" + timeline(statistics) + legend()
+        if statistics.unchartedEntries > 0 {
+            html += "<p class=\"meta\">\(statistics.unchartedEntries) entries claim times beyond the chart's \(ReplayStatistics.maximumHours) hours and are counted but not charted.</p>\n"
+        }
         html += "<h2>By event type</h2>\n<table><tr><th>type</th><th>total</th>"
         let statuses = Status.allCases.filter { statistics.byStatus[$0, default: 0] > 0 }
         for status in statuses { html += "<th><span class=\"sw\" style=\"background:\(colors[status]!)\"></span>\(status.rawValue)</th>" }
@@ -125,19 +128,20 @@ enum ReplayHTML {
         return svg
     }
 
+    /// Escapes per Unicode scalar, not per character: a combining or prepending mark joins the
+    /// `<` beside it into one character that a character comparison would let through.
     static func escape(_ text: String) -> String {
-        var out = ""
-        out.reserveCapacity(text.count)
-        for c in text {
-            switch c {
-            case "&": out += "&amp;"
-            case "<": out += "&lt;"
-            case ">": out += "&gt;"
-            case "\"": out += "&quot;"
-            case "'": out += "&#39;"
-            default: out.append(c)
+        var out = String.UnicodeScalarView()
+        for scalar in text.unicodeScalars {
+            switch scalar {
+            case "&": out.append(contentsOf: "&amp;".unicodeScalars)
+            case "<": out.append(contentsOf: "&lt;".unicodeScalars)
+            case ">": out.append(contentsOf: "&gt;".unicodeScalars)
+            case "\"": out.append(contentsOf: "&quot;".unicodeScalars)
+            case "'": out.append(contentsOf: "&#39;".unicodeScalars)
+            default: out.append(scalar)
             }
         }
-        return out
+        return String(out)
     }
 }

@@ -84,6 +84,10 @@ final class Replayer {
     var statistics = ReplayStatistics()
     /// (issuer, jti) pairs met so far: a later copy is a duplicate.
     private let seen = SeenPairs()
+    /// (issuer, jti) pairs that invalid entries claimed: the ledger's events they name are in
+    /// the log (reported verdict-changed when it is this very token), not missing from it. Kept
+    /// apart from `seen`: a forgery first in the log must not make the genuine token a duplicate.
+    private let claimedSeen = SeenPairs()
 
     init(verifier: SETVerifier, ledger: any AuditingLedger, planner: Planner, door: ReplayDoor?) {
         self.verifier = verifier
@@ -135,6 +139,9 @@ final class Replayer {
             return SeenPairs.hash(EventKey(issuer: verified.token.issuer, jti: verified.token.jti))
         }
         var firsts = try seen.insert(validKeys).makeIterator()
+        // What invalid entries claim to be counts as met too: an event of the ledger they name is
+        // in the log (reported verdict-changed), not missing from it.
+        var claimedKeys: [Int] = []
         for (entry, result) in zip(entries, results) {
             switch result {
             case nil:
@@ -149,7 +156,10 @@ final class Replayer {
                 findings.append(ReplayFinding(position: entry.position, jti: claimed.jti, issuer: claimed.issuer, valid: false,
                                               error: (error.reportedCode, error.description), types: [], status: .invalid,
                                               planned: [], time: entry.receivedAt ?? claimed.issuedAt))
-                if let iss = claimed.issuer, let jti = claimed.jti { lookups.append(EventKey(issuer: iss, jti: jti)) }
+                if let iss = claimed.issuer, let jti = claimed.jti {
+                    lookups.append(EventKey(issuer: iss, jti: jti))
+                    claimedKeys.append(SeenPairs.hash(EventKey(issuer: iss, jti: jti)))
+                }
             case .success(let verified):
                 let token = verified.token
                 let key = EventKey(issuer: token.issuer, jti: token.jti)
@@ -162,6 +172,7 @@ final class Replayer {
                 if first { lookups.append(key) }
             }
         }
+        if !claimedKeys.isEmpty { _ = try claimedSeen.insert(claimedKeys) }
         let states = lookups.isEmpty ? [:] : try await ledger.eventStates(lookups)
         var unknownValid: [Int] = []
         for i in findings.indices {
@@ -252,7 +263,8 @@ final class Replayer {
             let page = try await ledger.events(sourcePrefix: "kafka:\(topic)/", receivedFrom: from, to: to, afterID: after, limit: 1000)
             for event in page {
                 after = event.id
-                guard try !seen.contains(SeenPairs.hash(EventKey(issuer: event.issuer, jti: event.jti))) else { continue }
+                let hash = SeenPairs.hash(EventKey(issuer: event.issuer, jti: event.jti))
+                guard try !seen.contains(hash), try !claimedSeen.contains(hash) else { continue }
                 let finding = ReplayFinding(position: "ledger event \(event.id)", jti: event.jti, issuer: event.issuer, valid: true,
                                             types: event.eventTypes.map { EventType($0).name }, status: .notInLog,
                                             eventID: event.id, planned: [], time: event.receivedAt)
@@ -276,6 +288,9 @@ struct ReplayStatistics {
     var timeline: [Int: [ReplayFinding.Status: Int]] = [:]
     var discrepancies: [ReplayFinding] = []
     var discrepancyCount = 0
+    static let maximumHours = 100_000
+    /// Entries whose hour found no bucket left.
+    var unchartedEntries = 0
     var repaired = 0
     var unrepaired = 0
 
@@ -284,7 +299,14 @@ struct ReplayStatistics {
         byStatus[finding.status, default: 0] += 1
         for type in finding.types.isEmpty ? ["(none)"] : finding.types { byType[type, default: [:]][finding.status, default: 0] += 1 }
         if let time = finding.time, time.isFinite, abs(time) < 1e11 {
-            timeline[Int((time / 3600).rounded(.down)), default: [:]][finding.status, default: 0] += 1
+            let hour = Int((time / 3600).rounded(.down))
+            // At most `maximumHours` buckets (11 years of hours), whatever times a log claims;
+            // entries past that are counted, not charted.
+            if timeline[hour] != nil || timeline.count < Self.maximumHours {
+                timeline[hour, default: [:]][finding.status, default: 0] += 1
+            } else {
+                unchartedEntries += 1
+            }
         }
         if finding.status.isDiscrepancy {
             discrepancyCount += 1

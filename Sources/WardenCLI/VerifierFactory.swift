@@ -20,28 +20,35 @@ extension WardenConfiguration {
         return SETVerifier(issuers: issuers, maximumTokenBytes: maximumTokenBytes, clock: clock)
     }
 
+    /// How long after a key was last seen published a token signed with it is still trusted
+    /// (its `iat`): refreshes are at most a day apart, so a token issued later than that came
+    /// after the issuer retired the key.
+    static let archivedKeyGrace: Double = 86_400
+
     /// Archived keys by `kid` (the most recently seen, when a `kid` was reused with other key
-    /// material). A key that no longer parses is an unusable entry: its tokens are refused
-    /// rather than sent to the live keys.
-    static func entries(_ keys: [ArchivedKey], logger: Logger) -> [String: KeySetEntry] {
-        var entries: [String: KeySetEntry] = [:]
+    /// material). A key that no longer parses, or no longer matches its thumbprint, is an unusable
+    /// entry: its tokens are refused rather than sent to the live keys.
+    static func entries(_ keys: [ArchivedKey], logger: Logger) -> [String: ArchivedKeyEntry] {
+        var entries: [String: ArchivedKeyEntry] = [:]
         for key in keys.sorted(by: { $0.lastSeen < $1.lastSeen }) {
-            guard case .object(let jwk)? = try? JSONParser.parse(key.jwk) else {
-                entries[key.keyID] = .unusable(keyID: key.keyID, reason: "the archived key is not a JSON object")
-                continue
+            let entry: KeySetEntry
+            if case .object(let jwk)? = try? JSONParser.parse(key.jwk) {
+                switch KeySet.makeKey(jwk, keyID: key.keyID) {
+                case .success(let made) where made.thumbprint == key.thumbprint:
+                    entry = .usable(made)
+                case .success:
+                    entry = .unusable(keyID: key.keyID, reason: "the archived key does not match its thumbprint")
+                case .failure(let error):
+                    entry = .unusable(keyID: key.keyID, reason: "the archived key is unusable: \(error.message)")
+                }
+            } else {
+                entry = .unusable(keyID: key.keyID, reason: "the archived key is not a JSON object")
             }
-            switch KeySet.makeKey(jwk, keyID: key.keyID) {
-            case .success(let made) where made.thumbprint == key.thumbprint:
-                entries[key.keyID] = .usable(made)
-            case .success:
-                entries[key.keyID] = .unusable(keyID: key.keyID, reason: "the archived key does not match its thumbprint")
-            case .failure(let error):
-                entries[key.keyID] = .unusable(keyID: key.keyID, reason: "the archived key is unusable: \(error.message)")
-            }
-            if case .unusable(_, let reason) = entries[key.keyID]! {
+            if case .unusable(_, let reason) = entry {
                 logger.warning("archived key refused", metadata: ["warden.issuer": "\(key.issuer)", "warden.kid": "\(key.keyID)",
                                                                   "warden.reason": "\(reason)"])
             }
+            entries[key.keyID] = ArchivedKeyEntry(entry: entry, issuedNotAfter: key.lastSeen + archivedKeyGrace)
         }
         return entries
     }

@@ -79,7 +79,7 @@ struct AuditTrailTests {
     }
 
     enum Tampering: String, CaseIterable, Sendable, CustomTestStringConvertible {
-        case edited, removed, swapped, truncated
+        case edited, removed, swapped, truncated, headMovedBack
         var testDescription: String { rawValue }
     }
 
@@ -105,6 +105,10 @@ struct AuditTrailTests {
         case .truncated:
             try await tamper(storage, "DELETE FROM audit_records WHERE seq = 5")
             expected = (5, "removed from the end")
+        case .headMovedBack:
+            // The head set back to record 3, so that records 4 and 5 could be rewritten at will.
+            try await tamper(storage, "UPDATE audit_head SET seq = 3, hash = (SELECT hash FROM audit_records WHERE seq = 3)")
+            expected = (4, "moved back")
         }
         let finding = try await ledger.checkAuditChain(pageSize: 2)
         guard case .broken(let seq, let reason) = finding else {
@@ -112,6 +116,18 @@ struct AuditTrailTests {
         }
         #expect(seq == expected.seq, "\(reason)")
         #expect(reason.contains(expected.words), "\(reason)")
+        await ledger.close()
+    }
+
+    @Test(arguments: Backend.allCases) func aRejectionRecordedAloneHasItsRecord(_ backend: Backend) async throws {
+        let storage = try await LedgerUnderTest(backend)
+        let ledger = try await open(storage)
+        try await ledger.recordRejection(Rejection(token: [1, 2, 3], source: "push", code: "invalid_key", description: "forged",
+                                                   receivedAt: 1_800_000_000))
+        let records = try await records(ledger)
+        #expect(records.map { $0["kind"]?.stringValue } == ["rejection"])
+        #expect(records.first?["err"]?.stringValue == "invalid_key")
+        #expect(try await ledger.checkAuditChain() == .intact(count: 1, head: try await ledger.auditHead().hash))
         await ledger.close()
     }
 

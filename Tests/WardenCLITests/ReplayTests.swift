@@ -281,6 +281,25 @@ struct AuditExportTests {
     }
 }
 
+@Suite("warden replay: HTML report")
+struct ReplayHTMLTests {
+    /// A mark that joins the next character into one grapheme must not carry a `<` past the
+    /// escaping: the jti, issuer and types of a report come from tokens anyone can send.
+    @Test func hostileTextIsEscapedScalarByScalar() {
+        let hostile = "\u{600}<img src=x onerror=alert(1)\u{600}>"
+        let escaped = ReplayHTML.escape(hostile)
+        #expect(!escaped.unicodeScalars.contains("<"))
+        #expect(!escaped.unicodeScalars.contains(">"))
+        #expect(escaped.contains("&lt;img"))
+        var statistics = ReplayStatistics()
+        statistics.add(ReplayFinding(position: "line 1", jti: hostile, issuer: "\u{301}<script>", valid: true, types: ["t"],
+                                     status: .neverProcessed, planned: [], time: 1_800_000_000))
+        let page = ReplayHTML.render(statistics, title: "<b>", applied: false)
+        #expect(!page.contains("<img"))
+        #expect(!page.contains("<script"))
+    }
+}
+
 /// The replay's memory of events met: bounded in memory, exact across its move to disk.
 @Suite("warden replay: events met")
 struct SeenPairsTests {
