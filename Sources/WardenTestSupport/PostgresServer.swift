@@ -16,7 +16,6 @@ public final class PostgresServer: @unchecked Sendable {
             throw TestServerError("PostgreSQL is not installed (Debian package postgresql)")
         }
         let bin = "/usr/lib/postgresql/\(version)/bin"
-        let port = try freeLoopbackPort()
         let directory = URL(fileURLWithPath: "/tmp").appendingPathComponent("warden-pg-\(UUID().uuidString.prefix(8))")
         let dataPath = directory.appendingPathComponent("data").path
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
@@ -26,24 +25,41 @@ public final class PostgresServer: @unchecked Sendable {
                                   logFolder: directory)
         }
         // The server runs in the foreground as our child (pg_ctl's daemon would outlive the
-        // test process's bookkeeping of children); ready when it accepts connections.
-        let server = Process()
-        let command = ["\(bin)/postgres", "-D", dataPath, "-p", String(port), "-k", directory.path,
-                       "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"]
-        server.executableURL = URL(fileURLWithPath: getuid() == 0 ? "/usr/sbin/runuser" : command[0])
-        server.arguments = getuid() == 0 ? ["-u", "postgres", "--"] + command : Array(command.dropFirst())
-        server.standardOutput = FileHandle.nullDevice
-        server.standardError = FileHandle.nullDevice
-        try server.run()
-        (self.bin, self.port, self.directory, self.process) = (bin, port, directory, server)
-        for _ in 0..<400 {
-            if canConnect(port: port) {
+        // test process's bookkeeping of children); ready when it accepts logins. A free port can
+        // be taken by another test between being found and being bound: the server then exits,
+        // and is started again on another port. While the machine is busy (a whole test run on
+        // two cores), starting can take many seconds: up to a minute is waited for.
+        var attempt = 0
+        while true {
+            attempt += 1
+            let port = try freeLoopbackPort()
+            let server = Process()
+            let command = ["\(bin)/postgres", "-D", dataPath, "-p", String(port), "-k", directory.path,
+                           "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"]
+            server.executableURL = URL(fileURLWithPath: getuid() == 0 ? "/usr/sbin/runuser" : command[0])
+            server.arguments = getuid() == 0 ? ["-u", "postgres", "--"] + command : Array(command.dropFirst())
+            server.standardOutput = FileHandle.nullDevice
+            server.standardError = FileHandle.nullDevice
+            try server.run()
+            let deadline = Date().addingTimeInterval(60)
+            var ready = false
+            while Date() < deadline, server.isRunning, !ready {
                 // Accepting connections is not yet accepting logins: wait for a query to work.
-                if (try? await psql("postgres", "SELECT 1")) == "1" { return }
+                if canConnect(port: port) {
+                    ready = (try? await Self.psql(port: port, username: username, "postgres", "SELECT 1")) == "1"
+                }
+                if !ready { try await Task.sleep(for: .milliseconds(50)) }
             }
-            try await Task.sleep(for: .milliseconds(25))
+            if ready {
+                (self.bin, self.port, self.directory, self.process) = (bin, port, directory, server)
+                return
+            }
+            if server.isRunning { kill(server.processIdentifier, SIGKILL) }
+            if attempt >= 3 {
+                try? FileManager.default.removeItem(at: directory)
+                throw TestServerError("PostgreSQL did not start on port \(port) (attempt \(attempt))")
+            }
         }
-        throw TestServerError("PostgreSQL did not start on port \(port)")
     }
 
     deinit {
@@ -62,6 +78,10 @@ public final class PostgresServer: @unchecked Sendable {
 
     /// Runs `psql` (an independent client) and returns its unaligned output.
     public func psql(_ database: String, _ sql: String) async throws -> String {
+        try await Self.psql(port: port, username: username, database, sql)
+    }
+
+    static func psql(port: Int, username: String, _ database: String, _ sql: String) async throws -> String {
         try await runProgram("/usr/bin/psql", ["-h", "127.0.0.1", "-p", String(port), "-U", username, "-d", database, "-At", "-q", "-c", sql])
     }
 
