@@ -206,8 +206,9 @@ extension WardenCommand {
                     return VerifyExit.usage.rawValue
                 }
             }
-            if apply { return statistics.unrepaired == 0 && statistics.byStatus[.notInLog, default: 0] == 0
-                && statistics.byStatus[.verdictChanged, default: 0] <= statistics.repaired ? 0 : 1 }
+            // With --apply, 0 only when every discrepancy was repaired: none left undone, and none
+            // that cannot be (a token acted on that is refused today, an event gone from the topic).
+            if apply { return statistics.unrepaired == 0 && statistics.unrepairable == 0 ? 0 : 1 }
             return statistics.discrepancyCount == 0 ? 0 : 1
         }
     }

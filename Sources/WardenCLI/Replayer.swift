@@ -293,6 +293,9 @@ struct ReplayStatistics {
     var unchartedEntries = 0
     var repaired = 0
     var unrepaired = 0
+    /// Discrepancies no replay can repair: a token acted on that is refused today, an event the
+    /// ledger holds that is gone from the topic.
+    var unrepairable = 0
 
     mutating func add(_ finding: ReplayFinding) {
         entries += 1
@@ -308,6 +311,7 @@ struct ReplayStatistics {
                 unchartedEntries += 1
             }
         }
+        if finding.status == .notInLog || (finding.status == .verdictChanged && !finding.valid) { unrepairable += 1 }
         if finding.status.isDiscrepancy {
             discrepancyCount += 1
             if discrepancies.count < Self.listedDiscrepancies { discrepancies.append(finding) }

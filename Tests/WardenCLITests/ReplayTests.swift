@@ -196,6 +196,12 @@ struct ReplayTests {
         let byJTI = Dictionary(uniqueKeysWithValues: lines.map { ($0["jti"]?.stringValue ?? "", $0["status"]?.stringValue ?? "") })
         #expect(byJTI == ["seen": "ok", "unseen": "never-processed", "gone": "not-in-log"])
         #expect(result.stdout.contains("not-in-log         1"), "\(result.stdout)")
+        // --apply repairs what it can (the unseen event is claimed), and still exits 1: an event
+        // gone from the topic is no replay's to repair.
+        let applied = try await Warden.run(["replay", "--config", config.path, "--topic", "security-events",
+                                            "--from", RFC3339.string(from: start), "--to", RFC3339.string(from: start + 3600), "--apply"])
+        #expect(applied.status == 1, "\(applied.stdout)\(applied.stderr)")
+        #expect(try SQLiteLedgerReader(path: ledgerPath).events().map(\.jti).contains("unseen"))
     }
 
     @Test func usageErrorsExitTwo() async throws {
