@@ -17,8 +17,7 @@ public final class KafkaTopicReader {
     /// Per partition: the offset reading ends before (the high watermark when the reader was made).
     private var ends: [Int32: Int64] = [:]
     private var remaining: Set<Int32> = []
-    /// Messages in the range, so far; messages to read in all (an upper bound).
-    public private(set) var read = 0
+    /// Messages to read in all (an upper bound: some may lie outside the time range).
     public let total: Int64
 
     /// `from`, `to`: seconds since 1970.
@@ -141,7 +140,6 @@ public final class KafkaTopicReader {
                 if let from, seconds < from { continue }
                 if let to, seconds >= to { continue }
             }
-            read += 1
             messages.append(message)
         }
         return messages

@@ -121,7 +121,7 @@ public struct StoredAuditRecord: Sendable, Equatable {
 }
 
 /// What became of one delivery, as the audit trail records it.
-public struct AuditRecord: Sendable, Equatable {
+public struct AuditRecord: Sendable {
     public enum Kind: String, Sendable {
         /// An event's outcome: its steps done or failed, or none to do.
         case event
@@ -195,8 +195,18 @@ public struct AuditRecord: Sendable, Equatable {
         self.recordedAt = recordedAt
     }
 
-    public static func == (a: AuditRecord, b: AuditRecord) -> Bool {
-        a.canonicalJSON(seq: 0) == b.canonicalJSON(seq: 0)
+    /// The record a claim is audited with when the claim itself is the outcome: a new event
+    /// without steps (its outcome is final at once), or a further delivery. A new event with
+    /// steps is audited when its last step is recorded.
+    static func ofClaim(_ claim: Claim, _ event: LedgerEvent, outcome: EventOutcome, hasSteps: Bool, at now: Double) -> AuditRecord? {
+        switch claim {
+        case .new(let id) where !hasSteps:
+            AuditRecord(event: event, eventID: id, kind: .event, outcome: outcome.rawValue, steps: [], recordedAt: now)
+        case .new:
+            nil
+        case .duplicate(let id):
+            AuditRecord(event: event, eventID: id, kind: .duplicate, outcome: "duplicate", steps: [], recordedAt: now)
+        }
     }
 
     /// A verified event as claimed, with the outcome it has at this point.

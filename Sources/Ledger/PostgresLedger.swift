@@ -173,12 +173,8 @@ public final class PostgresLedger: AuditingLedger {
                 switch entry {
                 case .event(let event, let outcome, let steps):
                     let claim = try await self.claim(event, outcome: outcome, steps: steps, on: connection)
-                    switch claim {
-                    case .new(let id) where steps.isEmpty:
-                        audit.append(AuditRecord(event: event, eventID: id, kind: .event, outcome: outcome.rawValue, steps: [], recordedAt: now))
-                    case .new: break
-                    case .duplicate(let id):
-                        audit.append(AuditRecord(event: event, eventID: id, kind: .duplicate, outcome: "duplicate", steps: [], recordedAt: now))
+                    if let record = AuditRecord.ofClaim(claim, event, outcome: outcome, hasSteps: !steps.isEmpty, at: now) {
+                        audit.append(record)
                     }
                     claims.append(claim)
                 case .rejection(let rejection):

@@ -89,14 +89,14 @@ extension SQLiteLedger {
     }
 
     public func archivedKeys() async throws(LedgerError) -> [ArchivedKey] {
-        try reading { db in
+        try reader.read { db in
             try Row.fetchAll(db, sql: "SELECT issuer, kid, thumbprint, jwk, first_seen, last_seen FROM signing_keys ORDER BY issuer, kid, last_seen")
                 .map { ArchivedKey(issuer: $0[0], keyID: $0[1], thumbprint: $0[2], jwk: $0[3], firstSeen: $0[4], lastSeen: $0[5]) }
         }
     }
 
     public func auditRecords(afterSeq: Int64, limit: Int) async throws(LedgerError) -> [StoredAuditRecord] {
-        try reading { db in
+        try reader.read { db in
             try Row.fetchAll(db, sql: "SELECT seq, record, prev_hash, hash FROM audit_records WHERE seq > ? ORDER BY seq LIMIT ?",
                              arguments: [afterSeq, limit])
                 .map { StoredAuditRecord(seq: $0[0], record: $0[1], previousHash: $0[2], hash: $0[3]) }
@@ -104,7 +104,7 @@ extension SQLiteLedger {
     }
 
     public func auditHead() async throws(LedgerError) -> (seq: Int64, hash: String) {
-        try reading { db in
+        try reader.read { db in
             guard let row = try Row.fetchOne(db, sql: "SELECT seq, hash FROM audit_head WHERE id = 1") else {
                 return (-1, "the head is missing")
             }
@@ -113,7 +113,7 @@ extension SQLiteLedger {
     }
 
     public func eventStates(_ keys: [EventKey]) async throws(LedgerError) -> [EventKey: EventState] {
-        try reading { db in
+        try reader.read { db in
             var states: [EventKey: EventState] = [:]
             // A few hundred pairs per statement: one index probe each, one statement per chunk.
             for start in stride(from: 0, to: keys.count, by: 400) {
@@ -149,7 +149,7 @@ extension SQLiteLedger {
     }
 
     public func rejectedDigests(_ digests: [String]) async throws(LedgerError) -> Set<String> {
-        try reading { db in
+        try reader.read { db in
             var found = Set<String>()
             for start in stride(from: 0, to: digests.count, by: 800) {
                 let chunk = Array(digests[start..<min(start + 800, digests.count)])
@@ -164,7 +164,7 @@ extension SQLiteLedger {
     public func events(sourcePrefix: String, receivedFrom from: Double, to: Double, afterID: Int64, limit: Int) async throws(LedgerError)
         -> [EventSummary]
     {
-        try reading { db in
+        try reader.read { db in
             try Row.fetchAll(db, sql: """
                 SELECT id, issuer, jti, event_types, outcome, received_at FROM events
                 WHERE id > ? AND substr(source, 1, ?) = ? AND received_at >= ? AND received_at < ? ORDER BY id LIMIT ?
@@ -189,17 +189,6 @@ extension SQLiteLedger {
             try audit.appendOutcome(ofEvent: eventID, outcome: .pending, at: now, in: db, kind: .reopened, note: reason)
             try audit.commit(in: db)
             return reopened
-        }
-    }
-
-    /// Reads on a connection of its own, beside the writer (WAL: a snapshot of what is committed).
-    private func reading<T>(_ body: (Database) throws -> T) throws(LedgerError) -> T {
-        do {
-            return try readConnection().read(body)
-        } catch let error as LedgerError {
-            throw error
-        } catch {
-            throw LedgerError(SQLiteLedger.kind(of: error), "cannot read the ledger: \(error)")
         }
     }
 }

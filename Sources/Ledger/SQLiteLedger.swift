@@ -15,7 +15,7 @@ public final class SQLiteLedger: AuditingLedger {
     let writer: BatchWriter
     private let checkpointer: Checkpointer
     /// Reads for audits and replays, beside the writer (WAL: each sees what is committed).
-    private let readDatabase: DatabaseQueue
+    let reader: SQLiteLedgerReader
 
     public init(path: String) throws(LedgerError) {
         self.path = path
@@ -62,14 +62,7 @@ public final class SQLiteLedger: AuditingLedger {
         }
         writer = BatchWriter(database: database)
         checkpointer = try Checkpointer(path: path)
-        do {
-            var readOnly = Configuration()
-            readOnly.readonly = true
-            readOnly.busyMode = .timeout(10)
-            readDatabase = try DatabaseQueue(path: path, configuration: readOnly)
-        } catch {
-            throw LedgerError(.unavailable, "cannot open the SQLite ledger at \(path) for reading: \(error)")
-        }
+        reader = try SQLiteLedgerReader(path: path)
     }
 
     /// Creates a ledger file with the schema as it was after `migration` (for tests of what a
@@ -263,6 +256,12 @@ public final class SQLiteLedger: AuditingLedger {
                 """)
         }
 
+        /// `claim`, its audit record (if the claim is its outcome) kept for the write's end.
+        private mutating func audited(_ claim: Claim, _ event: LedgerEvent, outcome: EventOutcome, hasSteps: Bool) -> Claim {
+            if let record = AuditRecord.ofClaim(claim, event, outcome: outcome, hasSteps: hasSteps, at: now) { audit.append(record) }
+            return claim
+        }
+
         mutating func claim(_ event: LedgerEvent, outcome: EventOutcome, steps: [OutboxStep]) throws -> Claim {
             let inserted = try binder.execute(insert, in: db) {
                 $0.text(event.issuer)
@@ -306,11 +305,7 @@ public final class SQLiteLedger: AuditingLedger {
                         $0.double(event.receivedAt)
                     }
                 }
-                if steps.isEmpty {
-                    audit.append(AuditRecord(event: event, eventID: id, kind: .event, outcome: outcome.rawValue, steps: [],
-                                             recordedAt: now))
-                }
-                return .new(eventID: id)
+                return audited(.new(eventID: id), event, outcome: outcome, hasSteps: !steps.isEmpty)
             }
             // Bound with their lengths, as the insert bound them: a text is never cut at a NUL.
             var id: Int64? = nil
@@ -324,8 +319,7 @@ public final class SQLiteLedger: AuditingLedger {
             // The event row records its first delivery; later ones are recorded as duplicates.
             try db.cachedStatement(sql: "INSERT INTO deliveries (event_id, source, received_at, verdict) VALUES (?, ?, ?, 'duplicate')")
                 .execute(arguments: [id, event.source, event.receivedAt])
-            audit.append(AuditRecord(event: event, eventID: id, kind: .duplicate, outcome: "duplicate", steps: [], recordedAt: now))
-            return .duplicate(eventID: id)
+            return audited(.duplicate(eventID: id), event, outcome: outcome, hasSteps: !steps.isEmpty)
         }
     }
 
@@ -487,8 +481,6 @@ public final class SQLiteLedger: AuditingLedger {
         (try? await writer.submit { db in try Int.fetchOne(db, sql: "SELECT 1") }) != nil
     }
 
-    func readConnection() -> DatabaseQueue { readDatabase }
-
     public func close() async {
         await writer.close()
         await checkpointer.close()
@@ -608,11 +600,16 @@ public struct SQLiteLedgerReader: Sendable {
         }
     }
 
+    /// Runs `body` on a snapshot of what is committed.
+    func read<T>(_ body: (Database) throws -> T) throws(LedgerError) -> T { try Self.read(database, body) }
+
     private static func read<T>(_ database: DatabaseQueue, _ body: (Database) throws -> T) throws(LedgerError) -> T {
         do {
             return try database.read(body)
+        } catch let error as LedgerError {
+            throw error
         } catch {
-            throw LedgerError(.unavailable, "cannot read the ledger: \(error)")
+            throw LedgerError(SQLiteLedger.kind(of: error), "cannot read the ledger: \(error)")
         }
     }
 }

@@ -443,31 +443,8 @@ public struct EventProcessor: Sendable {
     /// Verifies every message, the batch split across `parallelism` tasks, on the threads of
     /// `VerificationExecutor` (beneath the ledger's writer and the steps in priority).
     private func verifyAll(_ batch: [IntakeMessage]) async -> [Result<Verified, VerificationError>] {
-        let workers = min(configuration.parallelism, max(1, batch.count / 8))
-        if workers <= 1 {
-            return await withTaskExecutorPreference(VerificationExecutor.shared) {
-                var results: [Result<Verified, VerificationError>] = []
-                results.reserveCapacity(batch.count)
-                for message in batch { results.append(await verify(message)) }
-                return results
-            }
-        }
-        // Each task takes the next unverified message, so a task slowed by another thread on
-        // its core does not leave the others idle at the end of the batch.
-        let next = SharedCount()
-        return await withTaskGroup(of: [(Int, Result<Verified, VerificationError>)].self) { group in
-            for _ in 0..<workers {
-                group.addTask(executorPreference: VerificationExecutor.shared) {
-                    var part: [(Int, Result<Verified, VerificationError>)] = []
-                    while case let i = next.take(), i < batch.count {
-                        part.append((i, await verify(batch[i])))
-                    }
-                    return part
-                }
-            }
-            var results = [Result<Verified, VerificationError>?](repeating: nil, count: batch.count)
-            for await part in group { for (i, result) in part { results[i] = result } }
-            return results.map { $0! }
+        await onVerificationThreads(batch.count, workers: min(configuration.parallelism, max(1, batch.count / 8))) { i in
+            await verify(batch[i])
         }
     }
 
@@ -475,7 +452,7 @@ public struct EventProcessor: Sendable {
         let started = ContinuousClock.now
         // Whitespace around a compact JWS (a trailing newline from a file or a shell) is not
         // part of it; a dead letter keeps the value as received, the ledger the token verified.
-        let result = await verifier.verify(trimmedASCIIWhitespace(message.value), claimsCheckedAt: message.claimsCheckedAt)
+        let result = await verifier.verify(trimmedASCIIWhitespace(message.value), claimsTime: message.claimsTime)
         metrics.verifySeconds.recordElapsed(since: started)
         return result.map(Verified.init)
     }

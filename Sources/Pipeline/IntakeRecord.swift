@@ -1,5 +1,6 @@
 public import Invalidation
 public import Ledger
+public import TokenVerification
 
 /// A message from any door (Kafka, push, poll, replay), not yet verified.
 public struct IntakeMessage: Sendable {
@@ -7,15 +8,16 @@ public struct IntakeMessage: Sendable {
     /// Where it came from, for the ledger and the dead letter: `kafka:topic/partition/offset`, `push`, …
     public var source: String
     public var receivedAt: Double
-    /// For a token verified before and stored (an event resumed from the ledger): the time its
-    /// claims are judged at (`max-age`, `iat` in the future), when it first arrived. nil: now.
-    public var claimsCheckedAt: Double?
+    /// When its claims (`max-age`, `iat` in the future) are judged: now for a message arriving;
+    /// when it first arrived for a token verified before and stored (an event resumed from the
+    /// ledger); when it arrived, or at its own `iat`, for a logged token replayed.
+    public var claimsTime: SETVerifier.ClaimsTime
 
-    public init(value: [UInt8], source: String, receivedAt: Double, claimsCheckedAt: Double? = nil) {
+    public init(value: [UInt8], source: String, receivedAt: Double, claimsTime: SETVerifier.ClaimsTime = .now) {
         self.value = value
         self.source = source
         self.receivedAt = receivedAt
-        self.claimsCheckedAt = claimsCheckedAt
+        self.claimsTime = claimsTime
     }
 }
 

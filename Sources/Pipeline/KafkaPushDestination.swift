@@ -89,11 +89,7 @@ public struct KafkaPushDestination: PushDestination {
     }
 
     /// RFC 3339, UTC, with milliseconds.
-    static func timestamp(_ seconds: Double) -> String {
-        let formatter = ISO8601DateFormatter()
-        formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
-        return formatter.string(from: Date(timeIntervalSince1970: seconds))
-    }
+    static func timestamp(_ seconds: Double) -> String { RFC3339.string(from: seconds) }
 }
 
 /// A record verified outside the stages (a push checked before it is produced): nobody hears

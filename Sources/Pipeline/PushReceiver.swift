@@ -504,7 +504,7 @@ final class PendingStepsResume: Sendable {
                 // Its claims are judged as of when it first arrived: a `max-age` passed during an
                 // outage must not strand steps whose SET was acknowledged.
                 IntakeRecord(IntakeMessage(value: event.token, source: Self.source, receivedAt: Date().timeIntervalSince1970,
-                                           claimsCheckedAt: event.receivedAt),
+                                           claimsTime: .at(event.receivedAt)),
                              acknowledgement: ResumeAcknowledgement(eventID: event.id, page: page, metrics: processor.metrics,
                                                                     logger: processor.logger))
             }

@@ -65,3 +65,33 @@ final class VerificationExecutor: TaskExecutor {
         ready.signal()
     }
 }
+
+/// Runs `body` for every index below `count` on the threads of `VerificationExecutor`, with
+/// `workers` tasks at once: each task takes the next index not yet taken, so a task slowed by
+/// another thread on its core does not leave the others idle at the end. Results in index order.
+public func onVerificationThreads<Result: Sendable>(_ count: Int, workers: Int,
+                                                     _ body: @escaping @Sendable (Int) async -> Result) async -> [Result] {
+    if workers <= 1 || count <= 1 {
+        return await withTaskExecutorPreference(VerificationExecutor.shared) {
+            var results: [Result] = []
+            results.reserveCapacity(count)
+            for i in 0..<count { results.append(await body(i)) }
+            return results
+        }
+    }
+    let next = SharedCount()
+    return await withTaskGroup(of: [(Int, Result)].self) { group in
+        for _ in 0..<min(workers, count) {
+            group.addTask(executorPreference: VerificationExecutor.shared) {
+                var part: [(Int, Result)] = []
+                while case let i = next.take(), i < count {
+                    part.append((i, await body(i)))
+                }
+                return part
+            }
+        }
+        var results = [Result?](repeating: nil, count: count)
+        for await part in group { for (i, result) in part { results[i] = result } }
+        return results.map { $0! }
+    }
+}

@@ -90,7 +90,10 @@ extension WardenCommand {
                 }
                 reportFile = handle
             }
-            defer { try? reportFile?.close() }
+            defer {
+                try? reportFile?.close()
+                source.close()
+            }
             let opened = try await CommandLedger.open(config: config, command: "replay")
             var logger = Logger(label: "warden")
             logger.logLevel = ProcessInfo.processInfo.environment["WARDEN_LOG_LEVEL"].flatMap(Logger.Level.init(rawValue:)) ?? .error

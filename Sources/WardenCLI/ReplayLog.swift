@@ -15,8 +15,6 @@ struct ReplayEntry: Sendable {
     var receivedAt: Double?
     /// Why the entry holds no token at all (a JSON line without `token`).
     var malformed: String?
-    /// For a Kafka message: the source the worker recorded its delivery with.
-    var kafkaSource: String?
 }
 
 /// Where a replay's entries come from.
@@ -26,6 +24,8 @@ protocol ReplaySource {
     /// How far the source is read: done and total in the source's own units (bytes of the
     /// file, messages of the range); total nil when unknown.
     var progress: (done: Double, total: Double?) { get }
+    /// Releases the file or the consumer.
+    func close()
 }
 
 struct ReplayLogError: Error, CustomStringConvertible {
@@ -142,8 +142,7 @@ struct FileReplaySource: ReplaySource {
 }
 
 /// The claims a token says it has, read without verifying anything: to find what the ledger
-/// made of a token that no longer verifies, and the time to judge a token's claims at when the
-/// log does not say when it arrived (its own `iat`).
+/// made of a token that no longer verifies, and where to put it on the timeline.
 struct UnverifiedClaims {
     var issuer: String?
     var jti: String?
@@ -174,10 +173,11 @@ struct KafkaReplaySource: ReplaySource {
 
     mutating func next(limit: Int) throws -> [ReplayEntry] {
         try reader.next(limit: limit).map { message in
-            let source = "kafka:\(message.topic)/\(message.partition)/\(message.offset)"
-            return ReplayEntry(position: "partition \(message.partition) offset \(message.offset)",
-                               token: Array(WardenCommand.Verify.trimmed(message.value)),
-                               receivedAt: message.timestamp.map { Double($0) / 1000 }, kafkaSource: source)
+            ReplayEntry(position: "partition \(message.partition) offset \(message.offset)",
+                        token: Array(WardenCommand.Verify.trimmed(message.value)),
+                        receivedAt: message.timestamp.map { Double($0) / 1000 })
         }
     }
+
+    func close() { reader.close() }
 }

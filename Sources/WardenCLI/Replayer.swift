@@ -96,36 +96,18 @@ final class Replayer {
         self.door = door
     }
 
-    /// Verifies a batch on every core: one task per core, each taking every n-th entry.
+    /// Verifies a batch on every core, on the verification threads the worker uses.
     static func verify(_ entries: [ReplayEntry], with verifier: SETVerifier) async -> [Result<VerifiedSET, VerificationError>?] {
-        // A few lanes per core, so that no core waits for one slow lane.
-        let lanes = max(1, min(ProcessInfo.processInfo.activeProcessorCount * 4, entries.count))
-        return await withTaskGroup(of: [(Int, Result<VerifiedSET, VerificationError>)].self) { group in
-            for lane in 0..<lanes {
-                group.addTask {
-                    var results: [(Int, Result<VerifiedSET, VerificationError>)] = []
-                    results.reserveCapacity(entries.count / lanes + 1)
-                    for i in stride(from: lane, to: entries.count, by: lanes) where entries[i].malformed == nil {
-                        // Claims are judged as of when the SET was received if the log says,
-                        // else as of its own iat.
-                        let time: SETVerifier.ClaimsTime = entries[i].receivedAt.map { .at($0) } ?? .issuedAt
-                        results.append((i, await verifier.verify(entries[i].token, claimsTime: time)))
-                    }
-                    return results
-                }
-            }
-            var results = [Result<VerifiedSET, VerificationError>?](repeating: nil, count: entries.count)
-            for await lane in group {
-                for (i, result) in lane { results[i] = result }
-            }
-            return results
+        await onVerificationThreads(entries.count, workers: ProcessInfo.processInfo.activeProcessorCount) { i in
+            guard entries[i].malformed == nil else { return nil }
+            return await verifier.verify(entries[i].token, claimsTime: claimsTime(entries[i]))
         }
     }
 
-    /// When a logged token's claims are judged, for the pipeline (--apply): when it was
-    /// received, if the log says; else as of its own `iat`.
-    static func claimsTime(_ entry: ReplayEntry) -> Double? {
-        entry.receivedAt ?? UnverifiedClaims(entry.token).issuedAt
+    /// When a logged token's claims are judged: when it was received, if the log says; else as
+    /// of its own `iat` (as it would have been judged when it was sent).
+    static func claimsTime(_ entry: ReplayEntry) -> SETVerifier.ClaimsTime {
+        entry.receivedAt.map { .at($0) } ?? .issuedAt
     }
 
     /// Classifies one verified batch against the ledger; with a door, does what is missing.
@@ -231,7 +213,7 @@ final class Replayer {
         guard !chosen.isEmpty else { return }
         let now = Date().timeIntervalSince1970
         let messages = chosen.map { i in
-            IntakeMessage(value: entries[i].token, source: ReplayDoor.source, receivedAt: now, claimsCheckedAt: Self.claimsTime(entries[i]))
+            IntakeMessage(value: entries[i].token, source: ReplayDoor.source, receivedAt: now, claimsTime: Self.claimsTime(entries[i]))
         }
         let dispositions = await door.apply(messages)
         for (i, disposition) in zip(chosen, dispositions) {
