@@ -1,7 +1,7 @@
 # Builds the `warden` executable on Debian bookworm and ships it with the C libraries it links.
 FROM swift:6.3-bookworm AS build
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-        librdkafka-dev libssl-dev libsqlite3-dev libhiredis-dev libjemalloc-dev && rm -rf /var/lib/apt/lists/*
+        librdkafka-dev libssl-dev libsqlite3-dev libjemalloc-dev && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY Package.swift ./
 COPY Sources ./Sources
@@ -12,7 +12,7 @@ RUN swift build -c release --product warden --static-swift-stdlib \
 
 FROM debian:bookworm-slim
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-        librdkafka1 libssl3 libsqlite3-0 libhiredis0.14 libjemalloc2 ca-certificates && rm -rf /var/lib/apt/lists/*
+        librdkafka1 libssl3 libsqlite3-0 libjemalloc2 ca-certificates && rm -rf /var/lib/apt/lists/*
 COPY --from=build /usr/local/bin/warden /usr/local/bin/warden
 USER nobody
 ENTRYPOINT ["/usr/local/bin/warden"]

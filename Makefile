@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 SWIFT ?= swift
 # Debian packages the build and the tests use.
-APT_PACKAGES := libssl-dev openssl python3-jsonschema librdkafka-dev libsqlite3-dev sqlite3 kcat python3-confluent-kafka libhiredis-dev redis-server postgresql libjemalloc-dev zlib1g-dev
+APT_PACKAGES := libssl-dev openssl python3-jsonschema librdkafka-dev libsqlite3-dev sqlite3 kcat python3-confluent-kafka redis-server postgresql libjemalloc-dev zlib1g-dev
 
 .PHONY: deps build run test bench bench-pipeline bench-engine bench-push bench-replay schemas clean
 

@@ -21,6 +21,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
         .package(url: "https://github.com/apple/swift-crypto", from: "4.0.0"),
         .package(url: "https://github.com/apple/swift-nio", from: "2.101.3"),
+        .package(url: "https://github.com/apple/swift-nio-ssl", from: "2.37.6"),
         .package(url: "https://github.com/swift-server/async-http-client", from: "1.37.0"),
         .package(url: "https://github.com/jpsim/Yams", from: "6.2.2"),
         .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.28.1"),
@@ -100,16 +101,15 @@ let package = Package(
             ],
             swiftSettings: strict
         ),
-        // Debian's libhiredis-dev, and one thin Swift client over it (pool, pipelining, AUTH,
-        // database, reconnect). Knows nothing about security events.
-        .systemLibrary(
-            name: "CHiredis",
-            // The headers are in /usr/include; hiredis's pkg-config flags add nothing needed.
-            providers: [.apt(["libhiredis-dev"])]
-        ),
+        // One Redis client on SwiftNIO (pool, pipelining, AUTH, database, reconnect, TLS by
+        // swift-nio-ssl). Knows nothing about security events.
         .target(
             name: "Redis",
-            dependencies: ["CHiredis"],
+            dependencies: [
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+            ],
             swiftSettings: strict
         ),
         // Policy (event type → steps), the pure planner, and the executors that act on targets.
@@ -259,7 +259,7 @@ let package = Package(
         ),
         .testTarget(
             name: "RedisTests",
-            dependencies: ["Redis", "WardenTestSupport"],
+            dependencies: ["Redis", "WardenTestSupport", .product(name: "NIOCore", package: "swift-nio")],
             swiftSettings: testSettings
         ),
         .testTarget(

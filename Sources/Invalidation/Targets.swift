@@ -3,18 +3,20 @@ public import Redis
 import DatabaseLocations
 
 extension RedisConnectionSettings {
-    /// Parses `redis://[user[:password]@]host[:port][/database]`; the error says what is wrong
-    /// with it (without the password).
+    /// Parses `redis://[user[:password]@]host[:port][/database]` (or `rediss://…` for TLS, with
+    /// the system's certificate authorities until a CA file is given); the error says what is
+    /// wrong with it (without the password).
     public static func parse(_ text: String) -> Result<RedisConnectionSettings, TargetSettingsError> {
-        if text.hasPrefix("rediss://") {
-            return .failure(TargetSettingsError("TLS to Redis (rediss://) is not supported; use redis:// on a trusted network"))
-        }
-        guard text.hasPrefix("redis://"), let components = URLComponents(string: text), let host = components.host,
+        let secure = text.hasPrefix("rediss://")
+        guard secure || text.hasPrefix("redis://"), let components = URLComponents(string: text), let host = components.host,
               !host.isEmpty
         else {
-            return .failure(TargetSettingsError("expected redis://[user[:password]@]host[:port][/database]"))
+            return .failure(TargetSettingsError("expected redis://[user[:password]@]host[:port][/database] or rediss://… for TLS"))
         }
-        var settings = RedisConnectionSettings(host: host, port: components.port ?? 6379)
+        if let query = components.query, !query.isEmpty {
+            return .failure(TargetSettingsError("Redis URL parameters are not read (\(query.prefix(40))): give ca-file, cert-file and key-file beside the URL"))
+        }
+        var settings = RedisConnectionSettings(host: host, port: components.port ?? 6379, tls: secure ? RedisTLSSettings() : nil)
         let path = components.path.trimmingCharacters(in: CharacterSet(charactersIn: "/"))
         if !path.isEmpty {
             guard let database = Int(path), database >= 0 else {
@@ -29,7 +31,7 @@ extension RedisConnectionSettings {
 
     /// `redis://host:port/db`, never the password.
     public var summary: String {
-        "redis://\(username.map { "\($0)@" } ?? "")\(host):\(port)/\(database)"
+        "\(tls == nil ? "redis" : "rediss")://\(username.map { "\($0)@" } ?? "")\(host):\(port)/\(database)"
     }
 }
 

@@ -1,6 +1,6 @@
-internal import CHiredis
-import Dispatch
-import Foundation
+import NIOCore
+import NIOPosix
+import NIOSSL
 import Synchronization
 
 /// A reply from Redis.
@@ -34,7 +34,8 @@ public enum RedisReply: Sendable, Hashable {
 }
 
 /// Why a command did not get a reply. `isRetryable` is true for connection problems (the
-/// server may be back soon), false for what the server refused (wrong password, bad database).
+/// server may be back soon), false for what the server refused (wrong password, bad database)
+/// and for a server whose certificate cannot be trusted.
 public struct RedisError: Error, Sendable, CustomStringConvertible {
     public var message: String
     public var isRetryable: Bool
@@ -47,6 +48,23 @@ public struct RedisError: Error, Sendable, CustomStringConvertible {
     public var description: String { message }
 }
 
+/// TLS to Redis (`rediss://`): which certificate authorities to trust, and the client's own
+/// certificate when the server asks for one. The server's name (or IP address) is always
+/// checked against its certificate.
+public struct RedisTLSSettings: Sendable, Hashable {
+    /// PEM file of the authorities that sign the server's certificate; nil: the system's.
+    public var caFile: String?
+    /// PEM certificate chain and private key presented to the server (both or neither).
+    public var certificateFile: String?
+    public var keyFile: String?
+
+    public init(caFile: String? = nil, certificateFile: String? = nil, keyFile: String? = nil) {
+        self.caFile = caFile
+        self.certificateFile = certificateFile
+        self.keyFile = keyFile
+    }
+}
+
 /// Where the server is and how to sign in.
 public struct RedisConnectionSettings: Sendable, Hashable {
     public var host: String
@@ -54,36 +72,41 @@ public struct RedisConnectionSettings: Sendable, Hashable {
     public var database: Int
     public var username: String?
     public var password: String?
+    /// TLS settings for `rediss://`; nil for plain TCP.
+    public var tls: RedisTLSSettings?
     /// Connections kept open. Default 4.
     public var poolSize: Int
-    /// Connect and per-command timeout, seconds. Default 5.
+    /// Connect and per-round-trip timeout, seconds. Default 5.
     public var timeout: Double
 
     public init(host: String, port: Int, database: Int = 0, username: String? = nil, password: String? = nil,
-                poolSize: Int = 4, timeout: Double = 5) {
+                tls: RedisTLSSettings? = nil, poolSize: Int = 4, timeout: Double = 5) {
         self.host = host
         self.port = port
         self.database = database
         self.username = username
         self.password = password
+        self.tls = tls
         self.poolSize = poolSize
         self.timeout = timeout
     }
 }
 
-/// A Redis client over hiredis: a pool of blocking connections, each running on its own serial
-/// queue, outside Swift's cooperative pool. Commands sent together are pipelined (written at
-/// once, replies read in order), and so are the requests of concurrent callers: a connection
-/// takes every request waiting when it becomes free and sends them in one round trip, so under
-/// load the steps of many events share one write and one read. A connection that fails is
-/// closed and opened again (with AUTH and SELECT) on its next use; the requests it carried
-/// report a retryable error and are not repeated here — each caller decides, since only it
-/// knows whether a retry is safe.
+/// A Redis client on SwiftNIO, with TLS by swift-nio-ssl: a pool of connections, each on one
+/// event loop. Commands sent together are pipelined (written at once, replies read in order),
+/// and so are the requests of concurrent callers: a connection takes every request waiting
+/// when its previous round trip is answered and sends them in one write, so under load the
+/// steps of many events share one write and one read. A connection that fails is closed and
+/// opened again (with AUTH and SELECT) on its next use; the requests it carried report a
+/// retryable error and are not repeated here — each caller decides, since only it knows
+/// whether a retry is safe.
 public final class RedisClient: Sendable {
     public let settings: RedisConnectionSettings
     private let pool: Mutex<Pool>
+    /// Built once from the settings' files; nil for plain TCP, or the reason it could not be.
+    private let tls: Result<NIOSSLContext, RedisError>?
 
-    private struct Request {
+    struct Request {
         /// Its commands in the protocol's encoding, ready to be written.
         let encoded: [UInt8]
         let count: Int
@@ -91,7 +114,7 @@ public final class RedisClient: Sendable {
     }
 
     private struct Pool {
-        var idle: [Connection] = []
+        var idle: [RedisConnection] = []
         var created = 0
         var queued: [Request] = []
         var closed = false
@@ -106,6 +129,7 @@ public final class RedisClient: Sendable {
     public init(settings: RedisConnectionSettings) {
         self.settings = settings
         self.pool = Mutex(Pool())
+        self.tls = settings.tls.map { Self.context($0, settings) }
     }
 
     /// Sends one command (`["SET", key, value]`) and returns its reply.
@@ -137,77 +161,97 @@ public final class RedisClient: Sendable {
     /// Sends `count` encoded commands in one write and returns their replies.
     private func send(_ encoded: [UInt8], count: Int) async throws(RedisError) -> [RedisReply] {
         let result = await withCheckedContinuation { (continuation: CheckedContinuation<Result<[RedisReply], RedisError>, Never>) in
-            enum Start { case closed, queued, drive(Connection) }
+            enum Start { case closed, queued, drive(RedisConnection) }
             let start = pool.withLock { p -> Start in
                 if p.closed { return .closed }
                 p.queued.append(Request(encoded: encoded, count: count, continuation: continuation))
                 if let connection = p.idle.popLast() { return .drive(connection) }
                 if p.created < settings.poolSize {
                     p.created += 1
-                    return .drive(Connection())
+                    return .drive(RedisConnection(on: MultiThreadedEventLoopGroup.singleton.next()))
                 }
                 return .queued  // a busy connection takes it when it is free
             }
             switch start {
-            case .closed: continuation.resume(returning: .failure(RedisError("the Redis client is closed", retryable: false)))
+            case .closed: continuation.resume(returning: .failure(Self.closedError))
             case .queued: break
-            case .drive(let connection): drive(connection)
+            case .drive(let connection): connection.eventLoop.execute { self.drive(connection) }
             }
         }
         return try result.get()
     }
 
+    deinit { close() }
+
+    private static let closedError = RedisError("the Redis client is closed", retryable: false)
+
     /// Closes every connection; calls after this fail.
     public func close() {
-        let (idle, queued) = pool.withLock { p -> ([Connection], [Request]) in
+        let (idle, queued) = pool.withLock { p -> ([RedisConnection], [Request]) in
             p.closed = true
             defer { p.idle = []; p.queued = [] }
             return (p.idle, p.queued)
         }
-        for connection in idle { connection.queue.async { connection.disconnect() } }
-        for request in queued { request.continuation.resume(returning: .failure(RedisError("the Redis client is closed", retryable: false))) }
+        for connection in idle { connection.eventLoop.execute { connection.disconnect() } }
+        for request in queued { request.continuation.resume(returning: .failure(Self.closedError)) }
     }
 
-    /// Runs on the connection's queue: sends every waiting request (up to the round-trip bound)
-    /// in one pipeline, answers each, and goes on while requests wait; then returns to the pool.
-    private func drive(_ connection: Connection) {
-        connection.queue.async { [self] in
-            while true {
-                let batch = pool.withLock { p -> [Request]? in
-                    if p.closed || p.queued.isEmpty {
-                        if !p.closed { p.idle.append(connection) }
-                        return p.closed ? nil : []
-                    }
-                    var count = 0, taken = 0
-                    for request in p.queued {
-                        if taken > 0, count + request.count > Self.maximumCommandsPerRoundTrip { break }
-                        count += request.count
-                        taken += 1
-                    }
-                    defer { p.queued.removeFirst(taken) }
-                    return Array(p.queued.prefix(taken))
-                }
-                guard let batch else {
-                    connection.disconnect()
-                    return
-                }
-                if batch.isEmpty { return }
-                roundTrips.add(1, ordering: .relaxed)
-                let (replies, failure) = connection.run(batch.map(\.encoded), replies: batch.reduce(0) { $0 + $1.count },
-                                                        settings: settings)
-                // Each request whose replies were all read has its answer, even when the
-                // connection failed later in the round trip; the others get the error.
-                var start = 0
-                for request in batch {
-                    let end = start + request.count
-                    if end <= replies.count {
-                        request.continuation.resume(returning: .success(Array(replies[start..<end])))
-                    } else {
-                        request.continuation.resume(returning: .failure(failure ?? RedisError("Redis: missing replies", retryable: true)))
-                    }
-                    start = end
-                }
+    /// On the connection's event loop: sends every waiting request (up to the round-trip bound)
+    /// in one write; when all are answered, goes on while requests wait, then returns to the pool.
+    private func drive(_ connection: RedisConnection) {
+        let batch = pool.withLock { p -> [Request]? in
+            if p.closed || p.queued.isEmpty {
+                if !p.closed { p.idle.append(connection) }
+                return p.closed ? nil : []
             }
+            var count = 0, taken = 0
+            for request in p.queued {
+                if taken > 0, count + request.count > Self.maximumCommandsPerRoundTrip { break }
+                count += request.count
+                taken += 1
+            }
+            defer { p.queued.removeFirst(taken) }
+            return Array(p.queued.prefix(taken))
+        }
+        guard let batch else {
+            connection.disconnect()
+            return
+        }
+        if batch.isEmpty { return }
+        roundTrips.add(1, ordering: .relaxed)
+        // Each request whose replies were all read has its answer, even when the connection
+        // failed later in the round trip; the others get the error.
+        // Next round trip from the loop itself, not inside this completion: a run that fails at
+        // once (no server) must not nest one drive in another for every request waiting.
+        connection.run(batch, settings: settings, tls: tls).whenComplete { _ in
+            connection.eventLoop.execute { self.drive(connection) }
+        }
+    }
+
+    /// The TLS context for the settings' files, or why it cannot be made (named, not retryable:
+    /// a missing or unreadable file does not heal by itself).
+    private static func context(_ tls: RedisTLSSettings, _ settings: RedisConnectionSettings) -> Result<NIOSSLContext, RedisError> {
+        var configuration = TLSConfiguration.makeClientConfiguration()
+        configuration.minimumTLSVersion = .tlsv12
+        var file = ""
+        do {
+            if let ca = tls.caFile {
+                file = ca
+                configuration.trustRoots = .certificates(try NIOSSLCertificate.fromPEMFile(ca))
+            }
+            if let certificate = tls.certificateFile {
+                file = certificate
+                configuration.certificateChain = try NIOSSLCertificate.fromPEMFile(certificate).map { .certificate($0) }
+            }
+            if let key = tls.keyFile {
+                file = key
+                configuration.privateKey = .privateKey(try NIOSSLPrivateKey(file: key, format: .pem))
+            }
+            file = ""
+            return .success(try NIOSSLContext(configuration: configuration))
+        } catch {
+            let what = file.isEmpty ? "cannot set up TLS" : "cannot read \(file)"
+            return .failure(RedisError("Redis at \(settings.host):\(settings.port): \(what): \(error)", retryable: false))
         }
     }
 }
@@ -222,117 +266,292 @@ extension RedisReply {
     }
 }
 
-/// One hiredis connection, opened lazily and reopened after a failure.
+/// One connection, opened lazily and reopened after a failure.
 ///
-/// `@unchecked Sendable`: its context is only touched on its own serial `queue` (the pool hands
-/// an idle connection to one driver at a time, under the pool's lock), never by two threads at once.
-final class Connection: @unchecked Sendable {
-    private var context: UnsafeMutablePointer<redisContext>?
-    /// Its blocking calls run here: one serial queue per connection keeps the threads doing
-    /// Redis I/O to the pool's size (a shared concurrent queue made a thread per waiting call).
-    let queue = DispatchQueue(label: "warden.redis.connection")
+/// `@unchecked Sendable`: its mutable state (`channel`, `handler`) is only touched on its own
+/// `eventLoop`, and the pool hands it to one driver at a time under the pool's lock.
+final class RedisConnection: @unchecked Sendable {
+    let eventLoop: any EventLoop
+    private var channel: (any Channel)?
+    private var handler: RedisReplyHandler?
 
-    deinit { disconnect() }
+    init(on eventLoop: any EventLoop) {
+        self.eventLoop = eventLoop
+    }
 
     func disconnect() {
-        if let context { redisFree(context) }
-        context = nil
+        eventLoop.assertInEventLoop()
+        channel?.close(promise: nil)
+        channel = nil
+        handler = nil
     }
 
-    /// Sends encoded commands in one write and reads `count` replies: all of them, or those
-    /// read before the connection failed, with the failure.
-    func run(_ encoded: [[UInt8]], replies count: Int, settings: RedisConnectionSettings) -> (replies: [RedisReply], failure: RedisError?) {
-        var replies: [RedisReply] = []
-        do throws(RedisError) {
-            let context = try connected(settings)
-            for part in encoded { try append(part, to: context) }
-            replies.reserveCapacity(count)
-            for _ in 0..<count { replies.append(try reply(from: context)) }
-            return (replies, nil)
-        } catch {
-            // The connection's state is unknown (half-read replies): start afresh next time.
-            disconnect()
-            return (replies, error)
+    /// Writes the requests' commands at once and answers each request as its replies arrive.
+    /// The future completes when every request is answered.
+    func run(_ batch: [RedisClient.Request], settings: RedisConnectionSettings,
+             tls: Result<NIOSSLContext, RedisError>?) -> EventLoopFuture<Void> {
+        eventLoop.assertInEventLoop()
+        return connected(settings, tls: tls).flatMap { (channel, handler) -> EventLoopFuture<Void> in
+            let answered = batch.map { request in
+                let promise = self.eventLoop.makePromise(of: [RedisReply].self)
+                promise.futureResult.whenComplete { result in
+                    request.continuation.resume(returning: result.mapError { $0 as? RedisError ?? RedisError("Redis: \($0)", retryable: true) })
+                }
+                return (count: request.count, promise: promise)
+            }
+            self.write(batch.lazy.map(\.encoded), answered, on: channel, handler, settings: settings)
+            return EventLoopFuture.andAllComplete(answered.map(\.promise.futureResult), on: self.eventLoop)
+        }.flatMapErrorWithEventLoop { error, eventLoop in
+            let failure = error as? RedisError ?? RedisError("Redis: \(error)", retryable: true)
+            for request in batch { request.continuation.resume(returning: .failure(failure)) }
+            return eventLoop.makeSucceededVoidFuture()
         }
     }
 
-    private func connected(_ settings: RedisConnectionSettings) throws(RedisError) -> UnsafeMutablePointer<redisContext> {
-        if let context { return context }
-        let whole = settings.timeout.rounded(.down)
-        let timeout = timeval(tv_sec: Int(whole), tv_usec: Int((settings.timeout - whole) * 1_000_000))
-        guard let opened = redisConnectWithTimeout(settings.host, Int32(settings.port), timeout) else {
-            throw RedisError("cannot connect to Redis at \(settings.host):\(settings.port): out of memory", retryable: true)
+    /// Writes encoded commands in one flush, expecting replies for each promise in turn, and
+    /// closes the connection if they are not all in within the timeout.
+    private func write(_ parts: some Collection<[UInt8]>, _ expected: [(count: Int, promise: EventLoopPromise<[RedisReply]>)],
+                       on channel: any Channel, _ handler: RedisReplyHandler, settings: RedisConnectionSettings) {
+        var buffer = channel.allocator.buffer(capacity: parts.reduce(0) { $0 + $1.count })
+        for part in parts { buffer.writeBytes(part) }
+        for (count, promise) in expected { handler.expect(count, promise) }
+        let deadline = eventLoop.scheduleTask(in: .nanoseconds(Int64(settings.timeout * 1e9))) {
+            handler.timedOut(after: settings.timeout)
+            channel.close(promise: nil)
         }
-        if opened.pointee.err != 0 {
-            let message = Self.errorText(opened)
-            redisFree(opened)
-            throw RedisError("cannot connect to Redis at \(settings.host):\(settings.port): \(message)", retryable: true)
+        EventLoopFuture.andAllComplete(expected.map(\.promise.futureResult), on: eventLoop).whenComplete { _ in deadline.cancel() }
+        channel.writeAndFlush(buffer).whenFailure { _ in channel.close(promise: nil) }
+    }
+
+    /// This connection's channel, connecting (and signing in) first when it has none.
+    private func connected(_ settings: RedisConnectionSettings, tls: Result<NIOSSLContext, RedisError>?)
+        -> EventLoopFuture<(any Channel, RedisReplyHandler)>
+    {
+        if let channel, let handler, channel.isActive { return eventLoop.makeSucceededFuture((channel, handler)) }
+        disconnect()
+        let context: NIOSSLContext?
+        switch tls {
+        case nil: context = nil
+        case .success(let c)?: context = c
+        case .failure(let error)?: return eventLoop.makeFailedFuture(error)
         }
-        redisSetTimeout(opened, timeout)
-        redisEnableKeepAlive(opened)
-        context = opened
-        var setup = RESPEncoding(), commands = 0
+        let endpoint = "\(settings.host):\(settings.port)"
+        let handler = RedisReplyHandler(endpoint: endpoint)
+        let serverName = context == nil || Self.isIPAddress(settings.host) ? nil : settings.host
+        let timeout = TimeAmount.nanoseconds(Int64(settings.timeout * 1e9))
+        let bootstrap = ClientBootstrap(group: eventLoop)
+            .connectTimeout(timeout)
+            .channelOption(.socketOption(.tcp_nodelay), value: 1)
+            .channelOption(.socketOption(.so_keepalive), value: 1)
+            .channelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    if let context {
+                        try channel.pipeline.syncOperations.addHandler(NIOSSLClientHandler(context: context, serverHostname: serverName))
+                    }
+                    try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(RESPDecoder()))
+                    try channel.pipeline.syncOperations.addHandler(handler)
+                }
+            }
+        return bootstrap.connect(host: settings.host, port: settings.port).flatMapErrorThrowing { error in
+            throw RedisError("cannot connect to Redis at \(endpoint): \(error)", retryable: true)
+        }.flatMap { channel in
+            self.channel = channel
+            self.handler = handler
+            return self.signIn(channel, handler, settings).map { (channel, handler) }
+        }
+    }
+
+    /// AUTH and SELECT, when the settings ask for them; a refusal is not retryable.
+    private func signIn(_ channel: any Channel, _ handler: RedisReplyHandler, _ settings: RedisConnectionSettings)
+        -> EventLoopFuture<Void>
+    {
+        var setup = RESPEncoding(), named: [String] = []
         if let password = settings.password {
             setup.append((settings.username.map { ["AUTH", $0, password] } ?? ["AUTH", password]).lazy.map(\.utf8))
-            commands += 1
+            named.append("AUTH")
         }
         if settings.database != 0 {
             setup.append(["SELECT", String(settings.database)].lazy.map(\.utf8))
-            commands += 1
+            named.append("SELECT \(settings.database)")
         }
-        if commands > 0 { try append(setup.bytes, to: opened) }
-        for i in 0..<commands {
-            if case .error(let message) = try reply(from: opened) {
-                disconnect()
-                // Never echo the password: say which step failed and the server's words.
-                let step = i == 0 && settings.password != nil ? "AUTH" : "SELECT \(settings.database)"
-                throw RedisError("Redis at \(settings.host):\(settings.port) refused \(step): \(message)", retryable: false)
+        let steps = named
+        guard !steps.isEmpty else { return eventLoop.makeSucceededVoidFuture() }
+        let promise = eventLoop.makePromise(of: [RedisReply].self)
+        write(CollectionOfOne(setup.bytes), [(steps.count, promise)], on: channel, handler, settings: settings)
+        return promise.futureResult.flatMapThrowing { replies in
+            for (step, reply) in zip(steps, replies) {
+                if case .error(let message) = reply {
+                    self.disconnect()
+                    // Never echo the password: say which step failed and the server's words.
+                    throw RedisError("Redis at \(settings.host):\(settings.port) refused \(step): \(message)", retryable: false)
+                }
             }
         }
-        return opened
     }
 
-    /// Queues encoded commands in hiredis's output buffer (it copies them before returning).
-    private func append(_ encoded: [UInt8], to context: UnsafeMutablePointer<redisContext>) throws(RedisError) {
-        let status = encoded.withUnsafeBufferPointer { buffer in
-            buffer.withMemoryRebound(to: CChar.self) { redisAppendFormattedCommand(context, $0.baseAddress, $0.count) }
-        }
-        if status != REDIS_OK { throw RedisError("Redis: \(Self.errorText(context))", retryable: true) }
+    private static func isIPAddress(_ host: String) -> Bool {
+        (try? SocketAddress(ipAddress: host, port: 0)) != nil
+    }
+}
+
+/// Matches replies to the requests written, in order, and fails every request still waiting
+/// when the connection ends — with the reason it ended (a TLS failure, a timeout, a malformed
+/// reply) when one is known.
+///
+/// `@unchecked Sendable`: every method runs on its channel's event loop (the channel calls it
+/// there, and the connection that owns it only runs there); it is captured by that loop's
+/// scheduled timeout, never used from another thread.
+final class RedisReplyHandler: ChannelInboundHandler, RemovableChannelHandler, @unchecked Sendable {
+    typealias InboundIn = RedisReply
+
+    private let endpoint: String
+    private var waiting = CircularBuffer<(remaining: Int, replies: [RedisReply], promise: EventLoopPromise<[RedisReply]>)>()
+    private var failure: RedisError?
+
+    init(endpoint: String) {
+        self.endpoint = endpoint
     }
 
-    private func reply(from context: UnsafeMutablePointer<redisContext>) throws(RedisError) -> RedisReply {
-        var raw: UnsafeMutableRawPointer? = nil
-        guard redisGetReply(context, &raw) == REDIS_OK, let raw else {
-            throw RedisError("Redis: \(Self.errorText(context))", retryable: true)
+    func expect(_ count: Int, _ promise: EventLoopPromise<[RedisReply]>) {
+        if let failure {
+            promise.fail(failure)
+            return
         }
-        defer { freeReplyObject(raw) }
-        return Self.convert(raw.assumingMemoryBound(to: redisReply.self))
+        var replies: [RedisReply] = []
+        replies.reserveCapacity(count)
+        waiting.append((count, replies, promise))
     }
 
-    private static func convert(_ reply: UnsafeMutablePointer<redisReply>) -> RedisReply {
-        let r = reply.pointee
-        func bytes() -> [UInt8] {
-            guard let str = r.str, r.len > 0 else { return [] }
-            return Array(UnsafeRawBufferPointer(start: str, count: Int(r.len)))
+    func timedOut(after seconds: Double) {
+        if failure == nil { failure = RedisError("Redis at \(endpoint): no reply within \(seconds) s", retryable: true) }
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        let reply = unwrapInboundIn(data)
+        guard !waiting.isEmpty else {
+            fail(RedisError("Redis at \(endpoint) sent a reply nobody asked for", retryable: true), context: context)
+            return
         }
-        switch r.type {
-        case REDIS_REPLY_STRING: return .string(bytes())
-        case REDIS_REPLY_STATUS: return .status(String(decoding: bytes(), as: UTF8.self))
-        case REDIS_REPLY_ERROR: return .error(String(decoding: bytes(), as: UTF8.self))
-        case REDIS_REPLY_INTEGER: return .integer(r.integer)
-        case REDIS_REPLY_ARRAY:
+        waiting[waiting.startIndex].replies.append(reply)
+        waiting[waiting.startIndex].remaining -= 1
+        if waiting[waiting.startIndex].remaining == 0 {
+            let done = waiting.removeFirst()
+            done.promise.succeed(done.replies)
+        }
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        fail(Self.describe(error, endpoint: endpoint), context: context)
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        let error = failure ?? RedisError("Redis at \(endpoint) closed the connection", retryable: true)
+        failure = error
+        while let next = waiting.popFirst() { next.promise.fail(error) }
+        context.fireChannelInactive()
+    }
+
+    private func fail(_ error: RedisError, context: ChannelHandlerContext) {
+        if failure == nil { failure = error }
+        context.close(promise: nil)
+    }
+
+    /// A failure in words an operator can act on. A certificate that cannot be trusted or is
+    /// for another name is not retryable: it needs a change of configuration or certificate.
+    static func describe(_ error: any Error, endpoint: String) -> RedisError {
+        switch error {
+        case let error as RedisError:
+            return error
+        case let error as NIOSSLExtraError where error == .failedToValidateHostname:
+            return RedisError("TLS to Redis at \(endpoint): the server's certificate is not for that name (\(error))", retryable: false)
+        case let NIOSSLError.handshakeFailed(reason):
+            let text = "\(reason)"
+            let untrusted = text.contains("CERTIFICATE_VERIFY_FAILED")
+            return RedisError("TLS handshake with Redis at \(endpoint) failed: "
+                              + (untrusted ? "its certificate is not signed by a trusted authority (check ca-file): " : "")
+                              + text, retryable: !untrusted)
+        case is NIOSSLError:
+            return RedisError("TLS to Redis at \(endpoint): \(error)", retryable: true)
+        case let error as RESPDecoder.MalformedReply:
+            return RedisError("Redis at \(endpoint) sent a malformed reply: \(error.reason)", retryable: true)
+        default:
+            return RedisError("Redis at \(endpoint): \(error)", retryable: true)
+        }
+    }
+}
+
+/// Reads RESP2 replies (`+`, `-`, `:`, `$`, `*`) from the byte stream. An incomplete reply waits
+/// for more bytes; a malformed one (unknown kind, a header line over 64 KiB, nesting deeper than
+/// 32, a bulk string not ended by CRLF) ends the connection.
+struct RESPDecoder: ByteToMessageDecoder {
+    typealias InboundOut = RedisReply
+
+    struct MalformedReply: Error {
+        var reason: String
+    }
+
+    static let maximumLine = 65_536
+    static let maximumDepth = 32
+
+    mutating func decode(context: ChannelHandlerContext, buffer: inout ByteBuffer) throws -> DecodingState {
+        var view = buffer
+        guard let reply = try Self.parse(&view, depth: 0) else { return .needMoreData }
+        buffer.moveReaderIndex(to: view.readerIndex)
+        context.fireChannelRead(Self.wrapInboundOut(reply))
+        return .continue
+    }
+
+    mutating func decodeLast(context: ChannelHandlerContext, buffer: inout ByteBuffer, seenEOF: Bool) throws -> DecodingState {
+        while try decode(context: context, buffer: &buffer) == .continue {}
+        return .needMoreData
+    }
+
+    /// One whole reply from the front of `buffer`, or nil when its bytes are not all there yet.
+    static func parse(_ buffer: inout ByteBuffer, depth: Int) throws(MalformedReply) -> RedisReply? {
+        guard depth <= maximumDepth else { throw MalformedReply(reason: "arrays nested deeper than \(maximumDepth)") }
+        guard let kind = buffer.getInteger(at: buffer.readerIndex, as: UInt8.self) else { return nil }
+        guard let line = try line(&buffer) else { return nil }
+        switch kind {
+        case UInt8(ascii: "+"): return .status(line)
+        case UInt8(ascii: "-"): return .error(line)
+        case UInt8(ascii: ":"):
+            guard let n = Int64(line) else { throw MalformedReply(reason: "integer \"\(line.prefix(32))\"") }
+            return .integer(n)
+        case UInt8(ascii: "$"):
+            guard let length = Int(line), length >= -1 else { throw MalformedReply(reason: "bulk length \"\(line.prefix(32))\"") }
+            if length == -1 { return .null }
+            guard buffer.readableBytes >= length + 2 else { return nil }
+            let bytes = buffer.readBytes(length: length)!
+            guard buffer.readInteger(as: UInt16.self) == 0x0D0A else { throw MalformedReply(reason: "bulk string not ended by CRLF") }
+            return .string(bytes)
+        case UInt8(ascii: "*"):
+            guard let count = Int(line), count >= -1 else { throw MalformedReply(reason: "array length \"\(line.prefix(32))\"") }
+            if count == -1 { return .null }
             var items: [RedisReply] = []
-            for i in 0..<Int(r.elements) { if let element = r.element[i] { items.append(convert(element)) } }
+            items.reserveCapacity(min(count, 1024))
+            for _ in 0..<count {
+                guard let item = try parse(&buffer, depth: depth + 1) else { return nil }
+                items.append(item)
+            }
             return .array(items)
-        default: return .null
+        default:
+            throw MalformedReply(reason: "unknown reply type byte \(kind)")
         }
     }
 
-    private static func errorText(_ context: UnsafeMutablePointer<redisContext>) -> String {
-        let text = withUnsafeBytes(of: context.pointee.errstr) { raw in
-            String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
+    /// The header line after the type byte, without its CRLF; nil when the CRLF has not arrived.
+    private static func line(_ buffer: inout ByteBuffer) throws(MalformedReply) -> String? {
+        let view = buffer.readableBytesView
+        guard let cr = view.dropFirst().firstIndex(of: 0x0D) else {
+            if view.count > maximumLine { throw MalformedReply(reason: "a header line longer than \(maximumLine) bytes") }
+            return nil
         }
-        return text.isEmpty ? "connection error \(context.pointee.err)" : text
+        guard cr - view.startIndex <= maximumLine else { throw MalformedReply(reason: "a header line longer than \(maximumLine) bytes") }
+        guard cr + 1 < view.endIndex else { return nil }
+        guard view[cr + 1] == 0x0A else { throw MalformedReply(reason: "CR not followed by LF") }
+        let text = String(decoding: view[(view.startIndex + 1)..<cr], as: UTF8.self)
+        buffer.moveReaderIndex(forwardBy: cr - view.startIndex + 2)
+        return text
     }
 }
 

@@ -67,19 +67,22 @@ public struct InvalidationConfiguration: Sendable {
 
     static func target(_ r: ConfigReader) throws(ConfigError) -> TargetSettings {
         let kinds = ["redis", "revoke", "webhook", "sql"]
-        let keys = try r.keys()
+        // TLS files may sit beside `redis: URL` (targets: {sessions: {redis: "rediss://…", ca-file: …}}).
+        let keys = try r.keys().filter { !(r.child("redis").isPresent && redisTLSKeys.contains($0)) }
         guard keys.count == 1, let kind = keys.first, kinds.contains(kind) else {
-            try r.requireOnly(kinds)
+            try r.requireOnly(kinds + (r.child("redis").isPresent ? redisTLSKeys : []))
             throw r.error("a target is exactly one of: \(kinds.joined(separator: ", "))")
         }
         let c = r.child(kind)
         switch kind {
         case "redis":
-            // `redis: URL` or `redis: {url, password(-file), pool-size, timeout}`.
+            // `redis: URL` or `redis: {url, password(-file), pool-size, timeout}`; TLS files beside
+            // the URL in either form.
             var endpoint: RedisConnectionSettings
             if case .map = c.tree {
-                try c.requireOnly(["url", "password", "password-file", "pool-size", "timeout"])
+                try c.requireOnly(["url", "password", "password-file", "pool-size", "timeout"] + redisTLSKeys)
                 endpoint = try redisURL(c.child("url"))
+                try redisTLS(c, &endpoint)
                 if let password = try c.secret("password") { endpoint.password = password }
                 if let size = try c.child("pool-size").string() {
                     guard let n = Int(size), n > 0, n <= 64 else { throw c.child("pool-size").error("must be 1 to 64") }
@@ -89,6 +92,7 @@ public struct InvalidationConfiguration: Sendable {
             } else {
                 endpoint = try redisURL(c)
             }
+            try redisTLS(r, &endpoint)
             return .redis(endpoint)
         case "revoke":
             try c.requireOnly(["endpoint", "auth", "client-id", "client-secret", "client-secret-file", "timeout"])
@@ -130,6 +134,28 @@ public struct InvalidationConfiguration: Sendable {
                 return .sql("sqlite:" + c.baseDirectory.appendingPathComponent(relative).standardizedFileURL.path)
             }
             return .sql(location)
+        }
+    }
+
+    static let redisTLSKeys = ["ca-file", "cert-file", "key-file"]
+
+    /// `ca-file`, `cert-file`, `key-file` in `r` (paths relative to the configuration file),
+    /// for a `rediss://` URL only; a certificate needs its key and the files must be readable.
+    static func redisTLS(_ r: ConfigReader, _ endpoint: inout RedisConnectionSettings) throws(ConfigError) {
+        var files: [String: String] = [:]
+        for key in redisTLSKeys {
+            let c = r.child(key)
+            guard let name = try c.string() else { continue }
+            let path = name.hasPrefix("/") ? name : r.baseDirectory.appendingPathComponent(name).standardizedFileURL.path
+            guard FileManager.default.isReadableFile(atPath: path) else { throw c.error("cannot read the file \(path)") }
+            guard endpoint.tls != nil else { throw c.error("needs a rediss:// URL (TLS); redis:// is plain TCP") }
+            files[key] = path
+        }
+        if (files["cert-file"] == nil) != (files["key-file"] == nil) {
+            throw r.child(files["cert-file"] == nil ? "cert-file" : "key-file").error("is required with \(files["cert-file"] == nil ? "key-file" : "cert-file")")
+        }
+        if endpoint.tls != nil, !files.isEmpty {
+            endpoint.tls = RedisTLSSettings(caFile: files["ca-file"], certificateFile: files["cert-file"], keyFile: files["key-file"])
         }
     }
 

@@ -10,13 +10,30 @@ public final class RedisServer: @unchecked Sendable {
     public let password: String?
     /// Whether data survives a kill: append-only file, fsync on every write.
     public let persistent: Bool
+    /// When set, the server speaks only TLS, with this certificate, and asks clients for a
+    /// certificate signed by `caFile` when `clientCAFile` is set.
+    public let tls: TLS?
     private let directory: URL
     private var process: Process?
 
-    public init(password: String? = nil, persistent: Bool = false) async throws {
+    public struct TLS: Sendable {
+        public var server: TestCertificates.Pair
+        public var caFile: String
+        /// When set, clients must present a certificate `caFile` signed; `redis-cli` uses this one.
+        public var clientCertificate: TestCertificates.Pair?
+
+        public init(server: TestCertificates.Pair, caFile: String, clientCertificate: TestCertificates.Pair? = nil) {
+            self.server = server
+            self.caFile = caFile
+            self.clientCertificate = clientCertificate
+        }
+    }
+
+    public init(password: String? = nil, persistent: Bool = false, tls: TLS? = nil) async throws {
         self.port = try freeLoopbackPort()
         self.password = password
         self.persistent = persistent
+        self.tls = tls
         directory = try Scratch.directory("redis")
         try await start()
     }
@@ -29,10 +46,17 @@ public final class RedisServer: @unchecked Sendable {
     public func start() async throws {
         let p = Process()
         p.executableURL = URL(fileURLWithPath: "/usr/bin/redis-server")
-        var arguments = ["--port", String(port), "--bind", "127.0.0.1", "--save", "",
+        var arguments = ["--bind", "127.0.0.1", "--save", "",
                          "--appendonly", persistent ? "yes" : "no", "--appendfsync", "always",
                          "--dir", directory.path, "--daemonize", "no", "--loglevel", "warning"]
         if let password { arguments += ["--requirepass", password] }
+        if let tls {
+            arguments += ["--port", "0", "--tls-port", String(port), "--tls-cert-file", tls.server.certificateFile,
+                          "--tls-key-file", tls.server.keyFile, "--tls-ca-cert-file", tls.caFile,
+                          "--tls-auth-clients", tls.clientCertificate == nil ? "no" : "yes"]
+        } else {
+            arguments += ["--port", String(port)]
+        }
         p.arguments = arguments
         p.standardOutput = FileHandle.nullDevice
         p.standardError = FileHandle.nullDevice
@@ -63,7 +87,9 @@ public final class RedisServer: @unchecked Sendable {
 
     /// Runs `redis-cli` against this server (as an independent client would) and returns its output.
     public func cli(_ arguments: [String]) async throws -> String {
-        try await runProgram("/usr/bin/redis-cli", ["-h", "127.0.0.1", "-p", String(port)] + arguments,
+        var secure = tls.map { ["--tls", "--cacert", $0.caFile] } ?? []
+        if let client = tls?.clientCertificate { secure += ["--cert", client.certificateFile, "--key", client.keyFile] }
+        return try await runProgram("/usr/bin/redis-cli", ["-h", "127.0.0.1", "-p", String(port)] + secure + arguments,
                        environment: password.map { ["REDISCLI_AUTH": $0] } ?? [:])
     }
 }

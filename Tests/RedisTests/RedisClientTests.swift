@@ -1,9 +1,10 @@
 import Foundation
+import NIOCore
 @testable import Redis
 import Testing
 import WardenTestSupport
 
-@Suite("Redis client over hiredis, against a real redis-server")
+@Suite("Redis client against a real redis-server")
 struct RedisClientTests {
     @Test func commandsAndPipelinedReplies() async throws {
         let server = try await RedisServer()
@@ -44,25 +45,24 @@ struct RedisClientTests {
         #expect(client.roundTrips.load(ordering: .relaxed) < callers)
     }
 
-    // A connection that fails under a shared round trip fails every request it carried, with a
+    // A connection that fails under a round trip fails every request it carried, with a
     // retryable error; the next request reconnects.
     @Test func aFailedSharedRoundTripFailsEachOfItsRequestsRetryably() async throws {
         let server = try await RedisServer()
         let client = RedisClient(settings: .init(host: "127.0.0.1", port: server.port, poolSize: 1))
         defer { client.close() }
         _ = try await client.send(["PING"])
-        _ = try await server.cli(["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"])
-        let results = await withTaskGroup(of: Bool?.self) { group in
-            for _ in 0..<20 {
-                group.addTask {
-                    do throws(RedisError) { _ = try await client.send(["PING"]); return nil } catch { return error.isRetryable }
-                }
-            }
-            return await group.reduce(into: [Bool?]()) { $0.append($1) }
+        // A round trip the server holds (BLPOP waits), and the connection killed under it.
+        async let blocked = { () async -> RedisError? in
+            do throws(RedisError) { _ = try await client.pipeline([["BLPOP", "nothing", "10"], ["PING"]]); return nil } catch { return error }
+        }()
+        for _ in 0..<200 {
+            if try await server.cli(["CLIENT", "LIST"]).contains("cmd=blpop") { break }
+            try await Task.sleep(for: .milliseconds(10))
         }
-        // Those that failed did so retryably; at least the first round trip failed.
-        #expect(results.contains { $0 == true })
-        #expect(!results.contains { $0 == false })
+        _ = try await server.cli(["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"])
+        let failure = await blocked
+        #expect(failure?.isRetryable == true)
         #expect(try await client.send(["PING"]) == .status("PONG"))
     }
 
@@ -150,5 +150,145 @@ struct RedisClientTests {
         #expect(try await client.send(["SCARD", "all"]) == .integer(200))
         #expect(try await client.send(["GET", "count"]).text == "200")
         #expect(Int(try await server.cli(["CLIENT", "LIST"]).split(separator: "\n").count) <= 4)  // 3 pooled + redis-cli
+    }
+}
+
+@Suite("Redis over TLS, against redis-server with --tls-port")
+struct RedisTLSTests {
+    static func server(clientCertificates: Bool = false, names: [String] = ["DNS:localhost", "IP:127.0.0.1"])
+        async throws -> (RedisServer, TestCertificates)
+    {
+        let certificates = try await TestCertificates.shared()
+        let pair = try await certificates.issue("redis-\(names.count)-\(UUID().uuidString.prefix(6))", subjectAlternativeNames: names)
+        let client = clientCertificates ? try await certificates.issue("client", subjectAlternativeNames: [], client: true) : nil
+        let server = try await RedisServer(password: "tls horse",
+                                           tls: .init(server: pair, caFile: certificates.caFile, clientCertificate: client))
+        return (server, certificates)
+    }
+
+    @Test func commandsPipeliningAuthAndDatabaseOverTLS() async throws {
+        let (server, certificates) = try await Self.server()
+        for host in ["localhost", "127.0.0.1"] {
+            let client = RedisClient(settings: .init(host: host, port: server.port, database: 2, password: "tls horse",
+                                                     tls: .init(caFile: certificates.caFile), poolSize: 2))
+            defer { client.close() }
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for i in 0..<100 {
+                    group.addTask {
+                        let replies = try await client.pipeline([["SET", "\(host)-\(i)", "v\(i)"], ["GET", "\(host)-\(i)"]])
+                        #expect(replies == [.status("OK"), .string(Array("v\(i)".utf8))])
+                    }
+                }
+                try await group.waitForAll()
+            }
+            #expect(client.roundTrips.load(ordering: .relaxed) < 100)
+            // An independent client over TLS sees the keys in database 2, not in 0.
+            #expect(try await server.cli(["-n", "2", "EXISTS", "\(host)-7"]) == "1")
+            #expect(try await server.cli(["-n", "0", "EXISTS", "\(host)-7"]) == "0")
+        }
+    }
+
+    @Test func aServerSignedByAnotherAuthorityIsRefusedClearlyAndNotRetried() async throws {
+        let (server, certificates) = try await Self.server()
+        let client = RedisClient(settings: .init(host: "localhost", port: server.port, password: "tls horse",
+                                                 tls: .init(caFile: certificates.otherCAFile)))
+        defer { client.close() }
+        do {
+            _ = try await client.send(["PING"])
+            Issue.record("a server whose CA is not trusted must be refused")
+        } catch {
+            #expect(!error.isRetryable)
+            #expect(error.message.contains("not signed by a trusted authority"), "\(error.message)")
+            #expect(error.message.contains("localhost:\(server.port)"))
+            #expect(!error.message.contains("tls horse"))
+        }
+    }
+
+    @Test func aCertificateForAnotherNameIsRefused() async throws {
+        let (server, certificates) = try await Self.server(names: ["DNS:cache.internal"])
+        let client = RedisClient(settings: .init(host: "localhost", port: server.port, password: "tls horse",
+                                                 tls: .init(caFile: certificates.caFile)))
+        defer { client.close() }
+        do {
+            _ = try await client.send(["PING"])
+            Issue.record("a certificate for cache.internal must not be accepted for localhost")
+        } catch {
+            #expect(!error.isRetryable)
+            #expect(error.message.contains("not for that name"), "\(error.message)")
+        }
+        // And by IP address: 127.0.0.1 is not among its names either.
+        let byAddress = RedisClient(settings: .init(host: "127.0.0.1", port: server.port, password: "tls horse",
+                                                    tls: .init(caFile: certificates.caFile)))
+        defer { byAddress.close() }
+        await #expect(throws: RedisError.self) { _ = try await byAddress.send(["PING"]) }
+    }
+
+    @Test func aClientCertificateWhenTheServerAsksForOne() async throws {
+        let (server, certificates) = try await Self.server(clientCertificates: true)
+        let pair = server.tls!.clientCertificate!
+        let with = RedisClient(settings: .init(host: "localhost", port: server.port, password: "tls horse",
+                                               tls: .init(caFile: certificates.caFile, certificateFile: pair.certificateFile,
+                                                          keyFile: pair.keyFile)))
+        defer { with.close() }
+        #expect(try await with.send(["PING"]) == .status("PONG"))
+        let without = RedisClient(settings: .init(host: "localhost", port: server.port, password: "tls horse",
+                                                  tls: .init(caFile: certificates.caFile)))
+        defer { without.close() }
+        await #expect(throws: RedisError.self) { _ = try await without.send(["PING"]) }
+    }
+
+    @Test func aMissingCAFileIsNamed() async throws {
+        let client = RedisClient(settings: .init(host: "localhost", port: 1, tls: .init(caFile: "/nonexistent/ca.pem")))
+        defer { client.close() }
+        do {
+            _ = try await client.send(["PING"])
+            Issue.record("a missing CA file must fail")
+        } catch {
+            #expect(!error.isRetryable)
+            #expect(error.message.contains("/nonexistent/ca.pem"))
+        }
+    }
+
+    @Test func reconnectsOverTLSAfterARestart() async throws {
+        let (server, certificates) = try await Self.server()
+        let client = RedisClient(settings: .init(host: "localhost", port: server.port, password: "tls horse",
+                                                 tls: .init(caFile: certificates.caFile), poolSize: 1, timeout: 2))
+        defer { client.close() }
+        #expect(try await client.send(["PING"]) == .status("PONG"))
+        await server.stop()
+        do {
+            _ = try await client.send(["PING"])
+            Issue.record("a stopped server must not answer")
+        } catch {
+            #expect(error.isRetryable)
+        }
+        try await server.start()
+        var answered = false
+        for _ in 0..<3 where !answered { answered = (try? await client.send(["PING"])) == .status("PONG") }
+        #expect(answered)
+    }
+}
+
+@Suite("Reading replies")
+struct RESPDecoderTests {
+    @Test func wholeAndPartialRepliesAndMalformedOnes() throws {
+        var buffer = ByteBuffer(string: "*3\r\n$1\r\na\r\n:-7\r\n*2\r\n+OK\r\n$-1\r\n-ERR no\r\n")
+        #expect(try RESPDecoder.parse(&buffer, depth: 0) == .array([.string([0x61]), .integer(-7), .array([.status("OK"), .null])]))
+        #expect(try RESPDecoder.parse(&buffer, depth: 0) == .error("ERR no"))
+        #expect(buffer.readableBytes == 0)
+        // Every cut of a reply waits for more.
+        let whole = Array("*2\r\n$5\r\nhe\r\nl\r\n:12\r\n".utf8)
+        for cut in 0..<whole.count {
+            var part = ByteBuffer(bytes: whole.prefix(cut))
+            #expect(try RESPDecoder.parse(&part, depth: 0) == nil)
+        }
+        var all = ByteBuffer(bytes: whole)
+        #expect(try RESPDecoder.parse(&all, depth: 0) == .array([.string(Array("he\r\nl".utf8)), .integer(12)]))
+        for bad in ["?x\r\n", ":12a\r\n", "$3\r\nabcde\r\n", "*-2\r\n", "+a\rb\r\n", String(repeating: "*1\r\n", count: 40) + ":1\r\n"] {
+            var buffer = ByteBuffer(string: bad)
+            #expect(throws: RESPDecoder.MalformedReply.self) { _ = try RESPDecoder.parse(&buffer, depth: 0) }
+        }
+        var long = ByteBuffer(string: "+" + String(repeating: "x", count: RESPDecoder.maximumLine + 10))
+        #expect(throws: RESPDecoder.MalformedReply.self) { _ = try RESPDecoder.parse(&long, depth: 0) }
     }
 }

@@ -90,6 +90,29 @@ struct InvalidationConfigTests {
         #expect(c.policy.rules(for: .ssfVerification) == [PolicyRule(.notify(target: "app"))])
     }
 
+    // TLS files beside the URL, or inside the map form; relative to the configuration file.
+    @Test func redisOverTLS() throws {
+        let c = try parse("""
+            targets:
+              sessions: {redis: "rediss://cache.internal:6380/0", ca-file: ca.pem, cert-file: client.pem, key-file: client-key.pem}
+              tokens: {redis: {url: "rediss://:pw@tokens.internal/3", ca-file: ca.pem, pool-size: 2}}
+              system: {redis: "rediss://managed.example"}
+              plain: {redis: "redis://127.0.0.1"}
+            """, files: ["ca.pem": "ca", "client.pem": "cert", "client-key.pem": "key"])
+        guard case .redis(let sessions)? = c.targets["sessions"], case .redis(let tokens)? = c.targets["tokens"],
+              case .redis(let system)? = c.targets["system"], case .redis(let plain)? = c.targets["plain"]
+        else { Issue.record("four redis targets expected"); return }
+        #expect(sessions.port == 6380 && sessions.host == "cache.internal")
+        #expect(sessions.tls?.caFile?.hasSuffix("/ca.pem") == true)
+        #expect(sessions.tls?.certificateFile?.hasSuffix("/client.pem") == true)
+        #expect(sessions.tls?.keyFile?.hasSuffix("/client-key.pem") == true)
+        #expect(tokens.tls?.caFile?.hasSuffix("/ca.pem") == true && tokens.tls?.certificateFile == nil)
+        #expect(tokens.database == 3 && tokens.password == "pw" && tokens.poolSize == 2)
+        #expect(system.tls == RedisTLSSettings())  // the system's authorities
+        #expect(plain.tls == nil)
+        #expect(sessions.summary == "rediss://cache.internal:6380/0")
+    }
+
     @Test func errorsNameTheKeyAtFault() {
         let sessions = "targets: {sessions: {redis: \"redis://127.0.0.1/0\"}}\n"
         #expect(error("policy: {session-revoked-typo: []}").contains("policy.session-revoked-typo: unknown event type"))
@@ -105,7 +128,13 @@ struct InvalidationConfigTests {
             .contains("each policy entry is one step"))
         #expect(error(sessions + "policy: {sessions-revoked: [{purge-sets: {target: sessions, set: x}}]}")
             .contains("unknown key (did you mean \"purge-set\"?)"))
-        #expect(error("targets: {s: {redis: \"rediss://h:6380\"}}").contains("targets.s.redis: TLS to Redis"))
+        #expect(error("targets: {s: {redis: \"redis://h:6380\", ca-file: ca.pem}}", files: ["ca.pem": "x"])
+            .contains("targets.s.ca-file: needs a rediss:// URL"))
+        #expect(error("targets: {s: {redis: \"rediss://h:6380\", ca-file: missing.pem}}").contains("targets.s.ca-file: cannot read the file"))
+        #expect(error("targets: {s: {redis: \"rediss://h:6380\", cert-file: c.pem}}", files: ["c.pem": "x"])
+            .contains("targets.s.key-file: is required with cert-file"))
+        #expect(error("targets: {s: {redis: \"rediss://h:6380?ssl_cert_reqs=none\"}}").contains("targets.s.redis: Redis URL parameters are not read"))
+        #expect(error("targets: {s: {redis: \"rediss://h\", ca-fil: x}}").contains("targets.s.ca-fil: unknown key (did you mean \"ca-file\"?)"))
         #expect(error("targets: {s: {redis: \"redis://h/zero\"}}").contains("targets.s.redis: the database number"))
         #expect(error("targets: {s: {memcached: x}}").contains("targets.s.memcached: unknown key"))
         #expect(error("targets: {r: {revoke: {endpoint: \"http://auth.example/revoke\"}}}")
