@@ -84,6 +84,7 @@ let package = Package(
             name: "DatabaseLocations",
             dependencies: [
                 .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: strict
@@ -287,7 +288,7 @@ let package = Package(
         ),
         .testTarget(
             name: "LedgerTests",
-            dependencies: ["Ledger", "WardenTestSupport", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["Ledger", "WardenTestSupport", "DatabaseLocations", .product(name: "Logging", package: "swift-log")],
             swiftSettings: testSettings
         ),
         .testTarget(

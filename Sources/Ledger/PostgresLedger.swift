@@ -31,15 +31,19 @@ public final class PostgresLedger: AuditingLedger {
     }
 
     /// Migrates, retrying for a while when the server is not up yet; `run()` must be running.
+    /// A failure that waiting will not mend (TLS refused, login refused) ends it at once, in the
+    /// words of a direct connection rather than the pool's.
     public func open() async throws(LedgerError) {
         var attempt = 0
         while true {
             do {
+                // One direct connection first: the pool only says why after a minute.
+                try await location.probe(logger: logger)
                 try await migrate()
                 return
             } catch {
                 attempt += 1
-                if attempt >= 20 {
+                if attempt >= 20 || PostgresLocation.isPermanentConnectionFailure(error) {
                     throw LedgerError(.unavailable, "cannot open the PostgreSQL ledger at \(location): \(Self.describe(error))")
                 }
                 try? await Task.sleep(for: .milliseconds(250))

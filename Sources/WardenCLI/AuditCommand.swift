@@ -25,8 +25,8 @@ extension WardenCommand {
         @Argument(help: "verify or export.")
         var action: Action
 
-        @Option(name: .long, help: "The configuration file (YAML).")
-        var config: String
+        @Option(name: .long, help: ArgumentHelp("The configuration file (YAML); default: WARDEN_CONFIG.", valueName: "file"))
+        var config: String = WardenConfiguration.environmentConfigPath
 
         @Option(name: .long, help: "export: only records recorded at or after this time (RFC 3339).")
         var from: String?

@@ -12,8 +12,8 @@ extension WardenCommand {
             discussion: "Exit status: 0 valid, 2 the configuration has an error (the message names the key)."
         )
 
-        @Option(name: .long, help: "The configuration file (YAML).")
-        var config: String
+        @Option(name: .long, help: ArgumentHelp("The configuration file (YAML); default: WARDEN_CONFIG.", valueName: "file"))
+        var config: String = WardenConfiguration.environmentConfigPath
 
         public init() {}
 

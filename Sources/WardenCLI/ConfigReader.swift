@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import Yams
 
 /// A configuration problem, naming the key at fault.
@@ -65,12 +66,28 @@ struct ConfigReader {
     let path: [String]
     let environment: [String: String]
     let baseDirectory: URL
+    /// The environment variables every reader of this configuration looked up, so that one
+    /// matching no key can be refused.
+    let consulted: ConsultedNames
 
-    init(tree: ConfigTree, path: [String] = [], environment: [String: String], baseDirectory: URL) {
+    final class ConsultedNames: Sendable {
+        let names = Mutex<Set<String>>([])
+    }
+
+    init(tree: ConfigTree, path: [String] = [], environment: [String: String], baseDirectory: URL,
+         consulted: ConsultedNames = ConsultedNames()) {
         self.tree = tree
         self.path = path
         self.environment = environment
         self.baseDirectory = baseDirectory
+        self.consulted = consulted
+    }
+
+    /// The override for this key, noting that it was looked for.
+    private var override: String? {
+        let name = environmentName
+        consulted.names.withLock { _ = $0.insert(name) }
+        return environment[name]
     }
 
     var pathText: String {
@@ -86,7 +103,7 @@ struct ConfigReader {
     func child(_ key: String) -> ConfigReader {
         var value: ConfigTree = .null
         if case .map(let members) = tree, let found = members.first(where: { $0.0 == key }) { value = found.1 }
-        return ConfigReader(tree: value, path: path + [key], environment: environment, baseDirectory: baseDirectory)
+        return ConfigReader(tree: value, path: path + [key], environment: environment, baseDirectory: baseDirectory, consulted: consulted)
     }
 
     var environmentName: String {
@@ -112,15 +129,24 @@ struct ConfigReader {
         }
     }
 
+    /// Whether the YAML or the environment gives this key (a section is present when a
+    /// variable for one of its keys is set).
     var isPresent: Bool {
-        if environment[environmentName] != nil { return true }
+        if isGiven { return true }
+        let prefix = environmentName + "_"
+        return environment.keys.contains { $0.hasPrefix(prefix) }
+    }
+
+    /// Whether this very key is given (in the YAML or by its own variable).
+    var isGiven: Bool {
+        if override != nil { return true }
         if case .null = tree { return false }
         return true
     }
 
     /// The value as a string, from the environment, the YAML, or a `-file` sibling.
     func string() throws(ConfigError) -> String? {
-        if let value = environment[environmentName] { return value }
+        if let value = override { return value }
         switch tree {
         case .scalar(let s): return s
         case .null: return nil
@@ -135,7 +161,7 @@ struct ConfigReader {
 
     /// A list of strings: a YAML sequence, a single value, or a comma-separated environment value.
     func stringList() throws(ConfigError) -> [String]? {
-        if let value = environment[environmentName] {
+        if let value = override {
             return value.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
         }
         switch tree {
@@ -159,7 +185,8 @@ struct ConfigReader {
         case .null: return []
         case .list(let items):
             return items.indices.map { i in
-                ConfigReader(tree: items[i], path: path + [String(i)], environment: environment, baseDirectory: baseDirectory)
+                ConfigReader(tree: items[i], path: path + [String(i)], environment: environment, baseDirectory: baseDirectory,
+                             consulted: consulted)
             }
         default: throw error("expected a list")
         }
@@ -208,11 +235,12 @@ struct ConfigReader {
     /// newline is dropped). Errors never show the secret.
     func secret(_ key: String) throws(ConfigError) -> String? {
         let inline = child(key), file = child(key + "-file")
-        if inline.isPresent, file.isPresent { throw file.error("give either \(key) or \(key)-file, not both") }
-        if inline.isPresent { return try inline.requiredString() }
+        if inline.isGiven, file.isGiven { throw file.error("give either \(key) or \(key)-file, not both") }
+        if inline.isGiven { return try inline.requiredString() }
         guard let (contents, path) = try file.fileContents() else { return nil }
         guard var text = String(bytes: contents, encoding: .utf8) else { throw file.error("the file \(path) is not UTF-8 text") }
-        while text.hasSuffix("\n") || text.hasSuffix("\r") { text.removeLast() }
+        // "\r\n" is one Character to Swift: trim scalars, or a CRLF file keeps its "\r\n".
+        while let last = text.unicodeScalars.last, last == "\n" || last == "\r" { text.unicodeScalars.removeLast() }
         guard !text.isEmpty else { throw file.error("the file \(path) is empty") }
         return text
     }

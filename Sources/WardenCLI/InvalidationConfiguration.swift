@@ -122,7 +122,21 @@ public struct InvalidationConfiguration: Sendable {
             return .webhook(WebhookEndpoint(url: url, hmacSecret: Array(secret.utf8),
                                             timeout: try WardenConfiguration.positive(c.child("timeout")) ?? 10))
         default:
-            let location = try c.requiredString()
+            // `sql: URL` or `sql: {url, password(-file)}` (PostgreSQL's password from a file).
+            var location: String
+            if case .map = c.tree {
+                try c.requireOnly(["url", "password", "password-file"])
+                location = try c.child("url").requiredString()
+                if let password = try c.secret("password") {
+                    guard location.hasPrefix("postgres"), var components = URLComponents(string: location), components.password == nil else {
+                        throw c.child("url").error("a password from password(-file) needs a postgres:// URL without one")
+                    }
+                    components.password = password
+                    location = components.string ?? location
+                }
+            } else {
+                location = try c.requiredString()
+            }
             guard location.hasPrefix("sqlite:") || location.hasPrefix("postgres://") || location.hasPrefix("postgresql://") else {
                 throw c.error("expected sqlite:PATH or postgres://user[:password]@host[:port]/database")
             }

@@ -26,8 +26,8 @@ extension WardenCommand {
             """
         )
 
-        @Option(name: .long, help: "The configuration file (YAML).")
-        var config: String
+        @Option(name: .long, help: ArgumentHelp("The configuration file (YAML); default: WARDEN_CONFIG.", valueName: "file"))
+        var config: String = WardenConfiguration.environmentConfigPath
 
         @Option(name: .long, help: "A log file: one compact SET per line, or JSON Lines with a \"token\" member; .gz accepted.")
         var file: String?

@@ -25,8 +25,8 @@ extension WardenCommand {
             """
         )
 
-        @Option(name: .long, help: "The configuration file (YAML).")
-        var config: String
+        @Option(name: .long, help: ArgumentHelp("The configuration file (YAML); default: WARDEN_CONFIG.", valueName: "file"))
+        var config: String = WardenConfiguration.environmentConfigPath
 
         public init() {}
 
@@ -44,6 +44,8 @@ extension WardenCommand {
             }
             JSONLogHandler.bootstrap()
             let logger = Logger(label: "warden")
+            logger.info("starting", metadata: ["warden.version": "\(WardenVersion.current)",
+                                               "warden.config": "\(URL(fileURLWithPath: config).standardizedFileURL.path)"])
             do {
                 try await Worker(configuration: configuration, logger: logger).run()
             } catch let error as ConfigError {

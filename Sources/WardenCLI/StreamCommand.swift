@@ -28,8 +28,8 @@ extension WardenCommand {
         @Argument(help: "create, delete, status, get, update, enable, disable or verify.")
         var action: Action
 
-        @Option(name: .long, help: "The configuration file (YAML).")
-        var config: String
+        @Option(name: .long, help: ArgumentHelp("The configuration file (YAML); default: WARDEN_CONFIG.", valueName: "file"))
+        var config: String = WardenConfiguration.environmentConfigPath
 
         @Option(name: .long, help: "The issuer whose stream to manage (needed only when several issuers have a stream: section).")
         var issuer: String?

@@ -10,6 +10,7 @@ public struct WardenCommand: AsyncParsableCommand {
     public static let configuration = CommandConfiguration(
         commandName: "warden",
         abstract: "Verifies Security Event Tokens and acts on them.",
+        version: WardenVersion.current,
         subcommands: [Run.self, Verify.self, CheckConfig.self, Stream.self, DevKeys.self, Emit.self, Audit.self, Replay.self]
     )
 
@@ -57,8 +58,8 @@ extension WardenCommand {
             """
         )
 
-        @Option(name: .long, help: "The configuration file (YAML).")
-        var config: String
+        @Option(name: .long, help: ArgumentHelp("The configuration file (YAML); default: WARDEN_CONFIG.", valueName: "file"))
+        var config: String = WardenConfiguration.environmentConfigPath
 
         @Argument(help: "The compact SET, a file holding it, or - to read it from standard input.")
         var token: String = "-"

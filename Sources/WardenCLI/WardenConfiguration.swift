@@ -1,5 +1,6 @@
 public import Foundation
 public import TokenVerification
+import Logging
 
 /// Everything a configuration file says, validated. Built in one place from the YAML and the
 /// `WARDEN_…` environment overrides.
@@ -32,9 +33,16 @@ public struct WardenConfiguration: Sendable {
                              "profile", "fetch-timeout", "clock-skew", "max-age", "key-refresh-cooldown",
                              "key-retry-interval", "max-key-staleness", "min-key-lifetime", "max-key-lifetime", "stream"]
 
+    /// `WARDEN_CONFIG`: the configuration file when `--config` is not given; empty when unset.
+    public static var environmentConfigPath: String { ProcessInfo.processInfo.environment["WARDEN_CONFIG"] ?? "" }
+
+    /// Variables Warden reads that are not configuration keys.
+    static let processVariables = ["WARDEN_CONFIG", "WARDEN_LOG_LEVEL", "WARDEN_LOG_FORMAT"]
+
     public static func load(path: String, environment: [String: String] = ProcessInfo.processInfo.environment)
         throws(ConfigError) -> WardenConfiguration
     {
+        guard !path.isEmpty else { throw ConfigError(path: "", "no configuration file: give --config FILE or set WARDEN_CONFIG") }
         guard let data = FileManager.default.contents(atPath: path) else {
             throw ConfigError(path: "", "cannot read the configuration file \(path)")
         }
@@ -63,11 +71,27 @@ public struct WardenConfiguration: Sendable {
             if let stream = try StreamConfiguration.parse(reader.child("stream"), issuer: policy.issuer) { streams.append(stream) }
         }
         let maximum = try root.child("max-token-size").byteSize() ?? SETVerifier.defaultMaximumTokenBytes
-        return WardenConfiguration(
+        let configuration = WardenConfiguration(
             issuers: issuers, maximumTokenBytes: maximum, kafka: try KafkaSettings.parse(root.child("kafka")),
             http: try HTTPSettings.parse(root.child("http")), receiver: try ReceiverSettings.parse(root.child("receiver")),
             ledger: root.child("ledger").isPresent ? try LedgerLocation.parse(root.child("ledger")) : nil,
             invalidation: try InvalidationConfiguration.parse(root), streams: streams)
+        try checkEnvironment(root)
+        return configuration
+    }
+
+    /// Every `WARDEN_…` variable must have been read as a key (or be one of the process's own):
+    /// a misspelt override would otherwise be ignored while the operator believes it applied.
+    static func checkEnvironment(_ root: ConfigReader) throws(ConfigError) {
+        if let level = root.environment["WARDEN_LOG_LEVEL"], Logger.Level(rawValue: level) == nil {
+            throw ConfigError(path: "", "WARDEN_LOG_LEVEL: \"\(level.prefix(32))\" is not a level (\(Logger.Level.allCases.map(\.rawValue).joined(separator: ", ")))")
+        }
+        let read = root.consulted.names.withLock { $0 }.union(processVariables)
+        for name in root.environment.keys.sorted() where name.hasPrefix("WARDEN_") && !read.contains(name) {
+            let closest = read.min { ConfigReader.distance($0, name) < ConfigReader.distance($1, name) }
+            throw ConfigError(path: "", "the environment variable \(name) matches no configuration key"
+                              + (closest.map { " (the closest is \($0))" } ?? ""))
+        }
     }
 
     static func issuer(_ r: ConfigReader) throws(ConfigError) -> IssuerPolicy {

@@ -31,13 +31,27 @@ public struct KafkaSettings: Sendable, Equatable {
         try r.requireOnly(keys)
         var properties: [String: String] = [:]
         let p = r.child("properties")
-        for name in try p.keys() {
-            guard let value = try p.child(name).string() else { throw p.child(name).error("needs a value") }
+        for key in try p.keys() {
+            // Any property ending in .password may be read from a file: `sasl.password-file`.
+            var name = key
+            let value: String
+            if key.hasSuffix(".password-file") {
+                name = String(key.dropLast("-file".count))
+                guard let secret = try p.secret(name) else { throw p.child(key).error("needs a value") }
+                value = secret
+            } else if key.hasSuffix("-file") {
+                throw p.child(key).error("only a property ending in .password can be read from a file (\(key.dropLast(5)).password-file)")
+            } else {
+                guard let text = try p.child(key).string() else { throw p.child(key).error("needs a value") }
+                value = text
+            }
+            if name.hasSuffix(".password"), p.child(name + "-file").isPresent, key == name { continue }  // the -file form reports the conflict
             properties[name] = value
             do {
                 try KafkaProperties([name: value]).validate()
             } catch {
-                throw p.child(name).error(error.message)
+                // librdkafka's words, never the value of a password.
+                throw p.child(key).error(name.hasSuffix(".password") ? "librdkafka refused it" : error.message)
             }
         }
         return KafkaSettings(
@@ -142,7 +156,21 @@ public enum LedgerLocation: Sendable, Equatable {
     /// `postgres://user[:password]@host[:port]/database`: shared by every replica.
     case postgres(PostgresLedger.Location)
 
+    /// `ledger: URL`, or `ledger: {url: URL, password-file: …}` (PostgreSQL's password from a file).
     static func parse(_ r: ConfigReader) throws(ConfigError) -> LedgerLocation {
+        guard case .map = r.tree else { return try parseURL(r) }
+        try r.requireOnly(["url", "password", "password-file"])
+        let location = try parseURL(r.child("url"))
+        guard let password = try r.secret("password") else { return location }
+        guard case .postgres(var postgres) = location else {
+            throw r.child(r.child("password").isPresent ? "password" : "password-file").error("is for a postgres:// ledger")
+        }
+        if postgres.password != nil { throw r.child("url").error("gives a password too: give it in one place") }
+        postgres.password = password
+        return .postgres(postgres)
+    }
+
+    static func parseURL(_ r: ConfigReader) throws(ConfigError) -> LedgerLocation {
         guard let text = try r.string() else {
             throw r.error("is required by warden run (e.g. sqlite:///var/lib/warden/ledger.sqlite)")
         }

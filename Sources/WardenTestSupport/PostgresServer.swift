@@ -11,7 +11,9 @@ public final class PostgresServer: @unchecked Sendable {
     private let bin: String
     private let process: Process
 
-    public init() async throws {
+    /// `tls`: the server also speaks TLS (`ssl=on`) with this certificate; clients may still
+    /// connect without it.
+    public init(tls: TestCertificates.Pair? = nil) async throws {
         guard let version = try? FileManager.default.contentsOfDirectory(atPath: "/usr/lib/postgresql").sorted().last else {
             throw TestServerError("PostgreSQL is not installed (Debian package postgresql)")
         }
@@ -24,6 +26,16 @@ public final class PostgresServer: @unchecked Sendable {
             try Self.asServerUser("\(bin)/initdb", ["-D", dataPath, "-U", username, "--auth=trust", "-E", "UTF8", "--no-sync"],
                                   logFolder: directory)
         }
+        var settings: [String] = []
+        if let tls {
+            // The server reads its key as the postgres user, and refuses one others can read.
+            let certificate = directory.appendingPathComponent("server.pem").path, key = directory.appendingPathComponent("server-key.pem").path
+            try FileManager.default.copyItem(atPath: tls.certificateFile, toPath: certificate)
+            try FileManager.default.copyItem(atPath: tls.keyFile, toPath: key)
+            try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: key)
+            if getuid() == 0 { try await runProgram("/bin/chown", ["postgres", certificate, key]) }
+            settings += ["-c", "ssl=on", "-c", "ssl_cert_file=\(certificate)", "-c", "ssl_key_file=\(key)"]
+        }
         // The server runs in the foreground as our child (pg_ctl's daemon would outlive the
         // test process's bookkeeping of children); ready when it accepts logins. A free port can
         // be taken by another test between being found and being bound: the server then exits,
@@ -35,7 +47,7 @@ public final class PostgresServer: @unchecked Sendable {
             let port = try freeLoopbackPort()
             let server = Process()
             let command = ["\(bin)/postgres", "-D", dataPath, "-p", String(port), "-k", directory.path,
-                           "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"]
+                           "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"] + settings
             server.executableURL = URL(fileURLWithPath: getuid() == 0 ? "/usr/sbin/runuser" : command[0])
             server.arguments = getuid() == 0 ? ["-u", "postgres", "--"] + command : Array(command.dropFirst())
             server.standardOutput = FileHandle.nullDevice
@@ -82,7 +94,8 @@ public final class PostgresServer: @unchecked Sendable {
     }
 
     static func psql(port: Int, username: String, _ database: String, _ sql: String) async throws -> String {
-        try await runProgram("/usr/bin/psql", ["-h", "127.0.0.1", "-p", String(port), "-U", username, "-d", database, "-At", "-q", "-c", sql])
+        try await runProgram("/usr/bin/psql", ["-h", "127.0.0.1", "-p", String(port), "-U", username, "-d", database, "-At", "-q", "-c", sql],
+                             environment: ["PGSSLMODE": "disable", "PGAPPNAME": "psql"])
     }
 
     /// Runs initdb or pg_ctl, blocking. Their output goes nowhere: the server pg_ctl starts

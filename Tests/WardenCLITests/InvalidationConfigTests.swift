@@ -194,7 +194,10 @@ extension InvalidationConfigTests {
             #expect(out.stderr.contains("kafka.properties.sesion.timeout.ms"), "\(command): \(out.stderr)")
             #expect(out.stderr.contains("No such configuration property"), "\(command): \(out.stderr)")
         }
-        for (url, words) in [("postgres://warden@127.0.0.1/w?sslmode=require", "sslmode=require asks for TLS"),
+        for (url, words) in [("postgres://warden@127.0.0.1/w?sslmode=verify-full&sslrootcert=/nonexistent/ca.pem",
+                              "sslrootcert: cannot read the file /nonexistent/ca.pem"),
+                             ("postgres://warden@127.0.0.1/w?sslmode=on", "sslmode=on is not an sslmode"),
+                             ("postgres://warden@127.0.0.1/w?sslrootcert=/etc/hostname", "sslrootcert needs an sslmode that makes TLS"),
                              ("postgres://warden@127.0.0.1/w?sslmod=disable", "\"sslmod\" is not supported")] {
             try (Self.issuer + "ledger: \"\(url)\"").write(to: config, atomically: true, encoding: .utf8)
             let out = try await Warden.run(["check-config", "--config", config.path])

@@ -1,0 +1,102 @@
+import Foundation
+import Testing
+import WardenTestSupport
+@testable import WardenCLI
+
+/// What an operator deploying Warden gives it: overrides in the environment, secrets in files,
+/// the configuration's path in WARDEN_CONFIG.
+@Suite("Environment overrides, secret files, version")
+struct OperatorConfigurationTests {
+    static let issuer = InvalidationConfigTests.issuer
+
+    /// Parses `yaml` with `files` beside it and `environment` as the process's.
+    func parse(_ yaml: String, files: [String: String] = [:], environment: [String: String] = [:]) throws(ConfigError) -> WardenConfiguration {
+        let directory = try! Scratch.directory("operator-config")
+        for (name, contents) in files { try! contents.write(to: directory.appendingPathComponent(name), atomically: true, encoding: .utf8) }
+        return try WardenConfiguration.parse(yaml: Self.issuer + yaml, environment: environment, baseDirectory: directory)
+    }
+
+    func error(_ yaml: String, files: [String: String] = [:], environment: [String: String] = [:]) -> String {
+        do { _ = try parse(yaml, files: files, environment: environment); return "no error" } catch { return error.description }
+    }
+
+    @Test func overridesApplyEvenToSectionsTheFileLeavesOut() throws {
+        let c = try parse("kafka: {brokers: embedded}\n", environment: [
+            "WARDEN_HTTP_LISTEN": "0.0.0.0:9999", "WARDEN_KAFKA_TOPIC": "other-events", "WARDEN_LOG_LEVEL": "debug",
+            "WARDEN_LEDGER": "sqlite:///var/lib/warden/ledger.sqlite", "WARDEN_ISSUERS_0_AUDIENCES": "a, b",
+        ])
+        #expect(c.http.port == 9999 && c.http.host == "0.0.0.0")
+        #expect(c.kafka?.topic == "other-events")
+        #expect(c.ledger == .sqlite(path: "/var/lib/warden/ledger.sqlite"))
+        #expect(c.issuers[0].audiences == ["a", "b"])
+    }
+
+    @Test func aVariableMatchingNoKeyIsRefusedNamingTheClosest() {
+        let kafka = "kafka: {brokers: embedded}\n"
+        #expect(error(kafka, environment: ["WARDEN_KAFKA_TOPICS": "x"])
+            .contains("the environment variable WARDEN_KAFKA_TOPICS matches no configuration key (the closest is WARDEN_KAFKA_TOPIC)"))
+        #expect(error(kafka, environment: ["WARDEN_HTTP_LISTN": "0.0.0.0:1"]).contains("(the closest is WARDEN_HTTP_LISTEN)"))
+        #expect(error(kafka, environment: ["WARDEN_CONFIG": "/etc/warden.yaml", "WARDEN_LOG_FORMAT": "json"]) == "no error")
+        #expect(error(kafka, environment: ["WARDEN_LOG_LEVEL": "verbose"])
+            .contains("WARDEN_LOG_LEVEL: \"verbose\" is not a level (trace, debug, info, notice, warning, error, critical)"))
+        // Unrelated variables are not Warden's business.
+        #expect(error(kafka, environment: ["WARDENX": "1", "HOME": "/root"]) == "no error")
+    }
+
+    @Test func kafkaPasswordsFromFiles() throws {
+        let c = try parse("""
+            kafka:
+              brokers: embedded
+              properties:
+                security.protocol: SASL_SSL
+                sasl.mechanism: PLAIN
+                sasl.username: warden
+                sasl.password-file: kafka-password
+                ssl.key.password-file: key-password
+            """, files: ["kafka-password": "s3cret value\r\n", "key-password": "k3y\n"])
+        #expect(c.kafka?.properties["sasl.password"] == "s3cret value")
+        #expect(c.kafka?.properties["ssl.key.password"] == "k3y")
+        #expect(c.kafka?.properties["sasl.password-file"] == nil)
+        let both = error("kafka: {brokers: embedded, properties: {sasl.password: inline-secret, sasl.password-file: p}}", files: ["p": "x"])
+        #expect(both.contains("give either sasl.password or sasl.password-file") && !both.contains("inline-secret"))
+        #expect(error("kafka: {brokers: embedded, properties: {ssl.ca.location-file: x}}")
+            .contains("only a property ending in .password can be read from a file"))
+        #expect(error("kafka: {brokers: embedded, properties: {sasl.password-file: missing}}").contains("cannot read the file"))
+        #expect(error("kafka: {brokers: embedded, properties: {sasl.password-file: empty}}", files: ["empty": "\n"]).contains("is empty"))
+    }
+
+    @Test func databasePasswordsFromFiles() throws {
+        let c = try parse("""
+            ledger: {url: "postgres://warden@db.internal/warden?sslmode=verify-full", password-file: db-password}
+            targets:
+              appdb: {sql: {url: "postgres://app@db.internal/app", password-file: db-password}}
+            """, files: ["db-password": "p@ss:word/1\n"])
+        guard case .postgres(let ledger)? = c.ledger else { Issue.record("a PostgreSQL ledger expected"); return }
+        #expect(ledger.password == "p@ss:word/1")
+        #expect(ledger.tls.mode == .verifyFull)
+        guard case .sql(let url)? = c.invalidation.targets["appdb"] else { Issue.record("a sql target expected"); return }
+        #expect(URLComponents(string: url)?.password?.removingPercentEncoding == "p@ss:word/1")
+        #expect(error("ledger: {url: \"sqlite:ledger.sqlite\", password-file: p}", files: ["p": "x"]).contains("ledger.password-file: is for a postgres:// ledger"))
+        #expect(error("ledger: {url: \"postgres://w:inline@db/w\", password-file: p}", files: ["p": "x"]).contains("ledger.url: gives a password too"))
+        // The plain form stays valid.
+        #expect(try parse("ledger: \"sqlite:ledger.sqlite\"\n").ledger != nil)
+    }
+
+    @Test func configFromTheEnvironmentAndVersion() async throws {
+        let directory = try Scratch.directory("warden-config-env")
+        let path = directory.appendingPathComponent("warden.yaml").path
+        try (Self.issuer + "ledger: \"sqlite:ledger.sqlite\"\n").write(toFile: path, atomically: true, encoding: .utf8)
+        let checked = try await Warden.run(["check-config"], environment: ["WARDEN_CONFIG": path])
+        #expect(checked.status == 0, "\(checked.stderr)")
+        let missing = try await Warden.run(["check-config"], environment: ["WARDEN_CONFIG": ""])
+        #expect(missing.status == 2)
+        #expect(missing.stderr.contains("give --config FILE or set WARDEN_CONFIG"), "\(missing.stderr)")
+        let wrong = try await Warden.run(["check-config", "--config", path], environment: ["WARDEN_LEDGR": "x"])
+        #expect(wrong.status == 2)
+        #expect(wrong.stderr.contains("WARDEN_LEDGR matches no configuration key (the closest is WARDEN_LEDGER)"), "\(wrong.stderr)")
+        let version = try await Warden.run(["--version"])
+        #expect(version.status == 0)
+        #expect(version.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == WardenVersion.current)
+    }
+}
+
