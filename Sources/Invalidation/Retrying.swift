@@ -162,7 +162,28 @@ public struct Persistence: Sendable {
 /// Where messages that cannot be acted on go (invalid tokens, steps failed for good), with the
 /// error as headers. Returns once the dead letter is durable.
 public protocol DeadLetterSink: Sendable {
-    func deadLetter(value: [UInt8], code: String, description: String, source: String) async throws(DeadLetterError)
+    /// `key` and `headers`: the original message's, when its door had them (Kafka), so that the
+    /// dead letter lands on the same partition key and can be re-driven as it came.
+    func deadLetter(value: [UInt8], key: [UInt8]?, headers: [MessageHeader], code: String, description: String,
+                    source: String) async throws(DeadLetterError)
+}
+
+extension DeadLetterSink {
+    /// A message with neither key nor headers (an event resumed from the ledger, a push).
+    public func deadLetter(value: [UInt8], code: String, description: String, source: String) async throws(DeadLetterError) {
+        try await deadLetter(value: value, key: nil, headers: [], code: code, description: description, source: source)
+    }
+}
+
+/// A header of a message as it arrived (Kafka's: a name and an optional value).
+public struct MessageHeader: Sendable, Equatable {
+    public var name: String
+    public var value: [UInt8]?
+
+    public init(name: String, value: [UInt8]?) {
+        self.name = name
+        self.value = value
+    }
 }
 
 /// Why a dead letter could not be sent, and whether sending it again can help.

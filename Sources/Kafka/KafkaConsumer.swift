@@ -162,6 +162,14 @@ public final class KafkaConsumer: Sendable {
         }
     }
 
+    /// The partition's high watermark as last seen in a fetch (librdkafka's cached value; no
+    /// request is made), or nil before any fetch.
+    public func highWatermark(of partition: TopicPartition) -> Int64? {
+        var low: Int64 = -1, high: Int64 = -1
+        let error = rd_kafka_get_watermark_offsets(client.handle, partition.topic, partition.partition, &low, &high)
+        return error == RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0 ? high : nil
+    }
+
     // MARK: - The poll thread
 
     private func pollLoop() -> String? {

@@ -55,7 +55,8 @@ public struct EventPipeline: Sendable {
             // task meanwhile.
             group.addTask {
                 for await batch in input {
-                    await checkedQueue.push(await processor.check(batch))
+                    let progress = processor.metrics.progress
+                    await checkedQueue.push(await processor.check(batch.map { progress.track($0) }))
                 }
                 checkedQueue.close()
             }

@@ -187,8 +187,8 @@ public struct EventProcessor: Sendable {
                         // truncated) is kept in the ledger only: the message is still recorded
                         // and committed, never retried for ever.
                         let sent = await attempting("dead-letter") { () async throws -> Bool in
-                            try await deadLetters.deadLetter(value: message.value, code: code, description: description,
-                                                             source: message.source)
+                            try await deadLetters.deadLetter(value: message.value, key: message.key, headers: message.headers,
+                                                             code: code, description: description, source: message.source)
                             return true
                         }
                         if case .stopped = sent { return (i, false) }
@@ -353,7 +353,8 @@ public struct EventProcessor: Sendable {
                 let rejection = Rejection(token: message.value, source: message.source, code: code, description: description,
                                           receivedAt: message.receivedAt)
                 switch await attempting("dead-letter", {
-                    try await deadLetters.deadLetter(value: message.value, code: code, description: description, source: message.source)
+                    try await deadLetters.deadLetter(value: message.value, key: message.key, headers: message.headers,
+                                                     code: code, description: description, source: message.source)
                 }) {
                 case .stopped: return claims
                 case .done: metrics.deadLettered()

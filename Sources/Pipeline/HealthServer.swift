@@ -21,12 +21,16 @@ public struct HealthServer: Sendable {
     public var checks: [Check]
     /// Renders the metrics in Prometheus text format.
     public var metricsText: @Sendable () -> [UInt8]
+    /// nil while the process is live; otherwise why it is not (`/healthz` answers 503 with it).
+    public var liveness: @Sendable () -> String?
 
-    public init(host: String, port: Int, checks: [Check], metricsText: @escaping @Sendable () -> [UInt8]) {
+    public init(host: String, port: Int, checks: [Check], metricsText: @escaping @Sendable () -> [UInt8],
+                liveness: @escaping @Sendable () -> String? = { nil }) {
         self.host = host
         self.port = port
         self.checks = checks
         self.metricsText = metricsText
+        self.liveness = liveness
     }
 
     /// The HTTP service; `onListening` receives the bound port (useful with port 0).
@@ -35,9 +39,11 @@ public struct HealthServer: Sendable {
         let router = Router(context: WardenRequestContext.self)
         routes(router)
         let checks = self.checks
-        let metricsText = self.metricsText
+        let metricsText = self.metricsText, liveness = self.liveness
         router.get("healthz") { _, _ in
-            Response(status: .ok, headers: [.contentType: "text/plain"], body: .init(byteBuffer: ByteBuffer(string: "ok\n")))
+            let problem = liveness()
+            return Response(status: problem == nil ? .ok : .serviceUnavailable, headers: [.contentType: "text/plain"],
+                            body: .init(byteBuffer: ByteBuffer(string: (problem ?? "ok") + "\n")))
         }
         router.get("readyz") { _, _ in
             var failing: [String] = []

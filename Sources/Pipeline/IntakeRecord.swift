@@ -12,9 +12,15 @@ public struct IntakeMessage: Sendable {
     /// when it first arrived for a token verified before and stored (an event resumed from the
     /// ledger); when it arrived, or at its own `iat`, for a logged token replayed.
     public var claimsTime: SETVerifier.ClaimsTime
+    /// The key and headers it arrived with (Kafka's), kept for its dead letter.
+    public var key: [UInt8]?
+    public var headers: [MessageHeader]
 
-    public init(value: [UInt8], source: String, receivedAt: Double, claimsTime: SETVerifier.ClaimsTime = .now) {
+    public init(value: [UInt8], source: String, receivedAt: Double, claimsTime: SETVerifier.ClaimsTime = .now,
+                key: [UInt8]? = nil, headers: [MessageHeader] = []) {
         self.value = value
+        self.key = key
+        self.headers = headers
         self.source = source
         self.receivedAt = receivedAt
         self.claimsTime = claimsTime

@@ -61,7 +61,8 @@ public final class KafkaIntake: Service {
             metrics.received(source: "kafka", count: batch.count)
             let receivedAt = Date().timeIntervalSince1970
             return batch.map { message in
-                IntakeRecord(IntakeMessage(value: message.value, source: message.address(prefix: "kafka:"), receivedAt: receivedAt),
+                IntakeRecord(IntakeMessage(value: message.value, source: message.address(prefix: "kafka:"), receivedAt: receivedAt,
+                                           key: message.key, headers: message.headers.map { MessageHeader(name: $0.name, value: $0.value) }),
                              acknowledgement: KafkaAcknowledgement(consumer: consumer, message: message))
             }
         }
@@ -73,6 +74,9 @@ public final class KafkaIntake: Service {
                 let labels = [("topic", status.partition.topic), ("partition", "\(status.partition.partition)")]
                 if let committed = status.committed {
                     metrics.gauge("warden_kafka_committed_offset", labels).record(committed)
+                    if let high = consumer.highWatermark(of: status.partition) {
+                        metrics.gauge("warden_kafka_consumer_lag", labels).record(max(0, high - committed))
+                    }
                 }
                 metrics.gauge("warden_kafka_in_flight", labels).record(status.inFlight)
             }
@@ -94,8 +98,9 @@ struct KafkaAcknowledgement: Acknowledgement {
     func endAction() { message.assignment?.endWork() }
 }
 
-/// Dead letters to a Kafka topic: the original value, with `warden-error`,
-/// `warden-error-description` and `warden-source` headers.
+/// Dead letters to a Kafka topic: the original value, key and headers, with `warden-error`,
+/// `warden-error-description` and `warden-source` headers (replacing any `warden-…` header the
+/// original carried from an earlier pass).
 public struct KafkaDeadLetters: DeadLetterSink {
     let producer: KafkaProducer
     let topic: String
@@ -108,23 +113,25 @@ public struct KafkaDeadLetters: DeadLetterSink {
     /// What a dead letter keeps of a value the cluster will not take whole.
     static let truncatedBytes = 16 * 1024
 
-    public func deadLetter(value: [UInt8], code: String, description: String, source: String) async throws(DeadLetterError) {
+    public func deadLetter(value: [UInt8], key: [UInt8]?, headers original: [MessageHeader], code: String, description: String,
+                           source: String) async throws(DeadLetterError) {
         let address = source.hasPrefix("kafka:") ? String(source.dropFirst("kafka:".count)) : source
-        var headers = [
+        var headers = original.filter { !$0.name.hasPrefix("warden-") }.map { KafkaHeader($0.name, $0.value) }
+        headers += [
             KafkaHeader("warden-error", code),
             KafkaHeader("warden-error-description", description),
             KafkaHeader("warden-source", address),
         ]
         do {
             do {
-                _ = try await producer.send(topic: topic, value: value, headers: headers)
+                _ = try await producer.send(topic: topic, key: key, value: value, headers: headers)
             } catch where error.isMessageTooLarge && value.count > Self.truncatedBytes {
                 // The original cannot be produced whole (a junk message of about the size
                 // limit, plus our headers): a truncated copy goes instead, saying so; the
                 // ledger's record of the delivery keeps the whole value.
                 headers.append(KafkaHeader("warden-truncated", "\(value.count) bytes, the first \(Self.truncatedBytes) kept; sha256 "
                                            + TokenFingerprint.fingerprint(value)))
-                _ = try await producer.send(topic: topic, value: Array(value.prefix(Self.truncatedBytes)), headers: headers)
+                _ = try await producer.send(topic: topic, key: key, value: Array(value.prefix(Self.truncatedBytes)), headers: headers)
             }
         } catch {
             throw DeadLetterError(error.description, isRetryable: error.isRetryable)

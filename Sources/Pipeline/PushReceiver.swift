@@ -560,5 +560,6 @@ final class ResumeAcknowledgement: Acknowledgement {
 /// ledger as a rejection (its deliveries), which is where it can be found.
 public struct LedgerOnlyDeadLetters: DeadLetterSink {
     public init() {}
-    public func deadLetter(value: [UInt8], code: String, description: String, source: String) async throws(DeadLetterError) {}
+    public func deadLetter(value: [UInt8], key: [UInt8]?, headers: [MessageHeader], code: String, description: String,
+                           source: String) async throws(DeadLetterError) {}
 }

@@ -14,6 +14,8 @@ public final class WardenMetrics: Sendable {
     private let receivedFromKafka: Counter
     private let outcomes: [String: Counter]
     private let deadLetters: Counter
+    /// Messages waiting and when one was last finished, for `/healthz`.
+    public let progress = IntakeProgress()
 
     public init(factory: any MetricsFactory) {
         self.factory = factory
@@ -58,6 +60,10 @@ public final class WardenMetrics: Sendable {
     func pushAnswered(_ status: Int) { counter("warden_push_requests_total", [("status", "\(status)")]).increment() }
     /// Bytes of pushed bodies taken (`warden_push_bytes_total`).
     func pushBytes(_ count: Int) { counter("warden_push_bytes_total").increment(by: count) }
+    /// `warden_build_info{version} 1`.
+    public func buildInfo(version: String) { gauge("warden_build_info", [("version", version)]).record(1) }
+    /// `warden_keys_age_seconds{issuer}`: since the issuer's keys were last fetched.
+    public func keysAge(issuer: String, seconds: Double) { gauge("warden_keys_age_seconds", [("issuer", issuer)]).record(seconds) }
     public func retried(_ reason: String) { counter("warden_retries_total", [("reason", reason)]).increment() }
 }
 

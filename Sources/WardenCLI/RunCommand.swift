@@ -117,6 +117,7 @@ struct Worker {
         var factory = PrometheusMetricsFactory(registry: registry)
         factory.durationHistogramBuckets["warden_step_record_seconds"] = WardenMetrics.stepRecordBuckets
         let metrics = WardenMetrics(factory: factory)
+        metrics.buildInfo(version: WardenVersion.current)
 
         // The doors: a Kafka topic, and the push receiver — onto the topic with kafka, into the
         // ledger alone without.
@@ -212,7 +213,17 @@ struct Worker {
             host: configuration.http.host, port: configuration.http.port,
             checks: [.init("keys") { issuers.allSatisfy { $0.keys.currentSnapshot() != nil } }] + intakeChecks
                 + [.init("ledger") { await ledger.isReachable() }],
-            metricsText: { registry.emitToBuffer() })
+            metricsText: {
+                let now = Date().timeIntervalSince1970
+                for issuer in issuers {
+                    // Pinned keys (fetchedAt 0) are never fetched: no age to show.
+                    if let snapshot = issuer.keys.currentSnapshot(), snapshot.fetchedAt > 0 {
+                        metrics.keysAge(issuer: issuer.policy.issuer, seconds: max(0, now - snapshot.fetchedAt))
+                    }
+                }
+                return MetricHelp.annotate(registry.emitToBuffer())
+            },
+            liveness: { [stallTimeout = configuration.http.stallTimeout] in metrics.progress.stall(after: stallTimeout) })
         let http = health.service(logger: logger, routes: receiverRoutes) { [onSharedListening] port in
             announce("http: \(configuration.http.host):\(port) (/healthz, /readyz, /metrics)")
             onSharedListening()

@@ -71,17 +71,24 @@ public struct KafkaSettings: Sendable, Equatable {
 public struct HTTPSettings: Sendable, Equatable {
     public var host: String
     public var port: Int
+    /// `stall-timeout`: `/healthz` fails when messages wait and none has been finished for this
+    /// long. Default 60 s.
+    public var stallTimeout: Double = 60
 
     public static let `default` = HTTPSettings(host: "127.0.0.1", port: 9464)
 
     static func parse(_ r: ConfigReader) throws(ConfigError) -> HTTPSettings {
         guard r.isPresent else { return .default }
-        try r.requireOnly(["listen"])
-        guard let listen = try r.child("listen").string() else { return .default }
-        guard let (host, port) = parseListen(listen) else {
-            throw r.child("listen").error("\"\(listen)\" is not host:port (e.g. 127.0.0.1:9464; port 0 picks a free one)")
+        try r.requireOnly(["listen", "stall-timeout"])
+        var settings = HTTPSettings.default
+        if let listen = try r.child("listen").string() {
+            guard let (host, port) = parseListen(listen) else {
+                throw r.child("listen").error("\"\(listen)\" is not host:port (e.g. 127.0.0.1:9464; port 0 picks a free one)")
+            }
+            (settings.host, settings.port) = (host, port)
         }
-        return HTTPSettings(host: host, port: port)
+        if let stall = try WardenConfiguration.positive(r.child("stall-timeout")) { settings.stallTimeout = stall }
+        return settings
     }
 
     static func parseListen(_ text: String) -> (String, Int)? {

@@ -79,6 +79,16 @@ public final class RedisServer: @unchecked Sendable {
         self.process = nil
     }
 
+    /// Freezes the server (SIGSTOP): it keeps its connections and answers nothing — a wedged
+    /// Redis, not a stopped one. `thaw()` lets it go on.
+    public func freeze() {
+        if let process { Foundation.kill(process.processIdentifier, SIGSTOP) }
+    }
+
+    public func thaw() {
+        if let process { Foundation.kill(process.processIdentifier, SIGCONT) }
+    }
+
     private func kill() {
         guard let process else { return }
         Foundation.kill(process.processIdentifier, SIGKILL)

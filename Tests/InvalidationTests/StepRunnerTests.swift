@@ -254,7 +254,8 @@ struct StepRunnerTests {
     }
 
     struct NoDeadLetters: DeadLetterSink {
-        func deadLetter(value: [UInt8], code: String, description: String, source: String) async throws(DeadLetterError) {}
+        func deadLetter(value: [UInt8], key: [UInt8]?, headers: [MessageHeader], code: String, description: String,
+                        source: String) async throws(DeadLetterError) {}
     }
 
     static func event(_ id: Int64, permit: any ActionPermit) -> EventSteps {
@@ -293,7 +294,8 @@ struct StepRunnerTests {
 
     final class CountedDeadLetters: DeadLetterSink {
         let sources = Mutex<[String]>([])
-        func deadLetter(value: [UInt8], code: String, description: String, source: String) async throws(DeadLetterError) {
+        func deadLetter(value: [UInt8], key: [UInt8]?, headers: [MessageHeader], code: String, description: String,
+                        source: String) async throws(DeadLetterError) {
             sources.withLock { $0.append(source) }
         }
     }

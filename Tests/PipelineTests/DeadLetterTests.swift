@@ -29,8 +29,12 @@ struct DeadLetterTests {
         let junk = [UInt8](repeating: UInt8(ascii: "j"), count: 999_900)
         try await sink.deadLetter(value: junk, code: "invalid_request", description: "the token is 999900 bytes; the limit is 65536",
                                   source: "kafka:security-events/0/7")
-        try await sink.deadLetter(value: Array("small".utf8), code: "invalid_key", description: "bad signature",
-                                  source: "kafka:security-events/0/8")
+        // The original's key and headers are kept (a stale warden-error of an earlier pass is replaced).
+        try await sink.deadLetter(value: Array("small".utf8), key: Array("user-7".utf8),
+                                  headers: [MessageHeader(name: "content-type", value: Array("application/secevent+jwt".utf8)),
+                                            MessageHeader(name: "trace", value: nil),
+                                            MessageHeader(name: "warden-error", value: Array("old".utf8))],
+                                  code: "invalid_key", description: "bad signature", source: "kafka:security-events/0/8")
         producer.close()
         let consumer = try KafkaConsumer(configuration: .init(bootstrapServers: cluster.bootstrapServers, groupID: "dlq-reader",
                                                               topics: ["dlq"], properties: ["session.timeout.ms": "6000"]),
@@ -51,12 +55,17 @@ struct DeadLetterTests {
         #expect(truncated.hasPrefix("999900 bytes, the first 16384 kept; sha256 "))
         #expect(messages[1].value == Array("small".utf8))
         #expect(messages[1].header("warden-truncated") == nil)
+        #expect(messages[1].key == Array("user-7".utf8))
+        #expect(messages[1].header("content-type") == Array("application/secevent+jwt".utf8))
+        #expect(messages[1].headers.contains { $0.name == "trace" && $0.value == nil })
+        #expect(messages[1].headers.filter { $0.name == "warden-error" }.map(\.value) == [Array("invalid_key".utf8)])
     }
 
     /// A sink that refuses every dead letter for good, counting the attempts.
     final class RefusingSink: DeadLetterSink {
         let attempts = Mutex(0)
-        func deadLetter(value: [UInt8], code: String, description: String, source: String) async throws(DeadLetterError) {
+        func deadLetter(value: [UInt8], key: [UInt8]?, headers: [MessageHeader], code: String, description: String,
+                        source: String) async throws(DeadLetterError) {
             attempts.withLock { $0 += 1 }
             throw DeadLetterError("MSG_SIZE_TOO_LARGE even truncated", isRetryable: false)
         }

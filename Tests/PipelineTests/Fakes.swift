@@ -199,7 +199,8 @@ final class MemoryDeadLetters: DeadLetterSink {
     let sent = Mutex<[(code: String, source: String)]>([])
     let unavailable = Mutex(0)
 
-    func deadLetter(value: [UInt8], code: String, description: String, source: String) async throws(DeadLetterError) {
+    func deadLetter(value: [UInt8], key: [UInt8]?, headers: [MessageHeader], code: String, description: String,
+                    source: String) async throws(DeadLetterError) {
         let fail = unavailable.withLock { n -> Bool in
             defer { n = max(0, n - 1) }
             return n > 0

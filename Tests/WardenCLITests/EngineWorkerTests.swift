@@ -364,4 +364,36 @@ extension EngineWorkerTests {
         try await running
         return letter
     }
+
+    // A Redis that accepts connections and never answers: the event's step waits, nothing is
+    // finished, and /healthz fails once http.stall-timeout passes; when Redis answers again,
+    // the event is finished and /healthz recovers.
+    @Test func healthzFailsWhileIntakeIsStalledByAWedgedRedis() async throws {
+        let redis = try await RedisServer()
+        let setup = try WorkerTests.Setup(extra: """
+            targets:
+              sessions: {redis: {url: "redis://127.0.0.1:\(redis.port)/0", timeout: 1s}}
+            policy:
+              sessions-revoked:
+                - purge-set: {target: sessions, set: "user-sessions:{user}"}
+            """)
+        defer { setup.cleanUp() }
+        _ = try await redis.cli(["SADD", "user-sessions:w1", "session:w1:a"])
+        let worker = try WorkerProcess(config: setup.config, environment: ["WARDEN_HTTP_STALL_TIMEOUT": "2s"])
+        let port = try await worker.httpPort()
+        #expect(try await WorkerTests.httpGet(port, "/healthz").0 == 200)
+        redis.freeze()
+        try await WorkerTests.produce(setup.cluster.bootstrapServers, [("w1", try token(.sessionsRevoked, subject: "w1"))])
+        try await WorkerTests.waitFor("/healthz failing while the step cannot finish") {
+            let (status, body) = try await WorkerTests.httpGet(port, "/healthz")
+            return status == 503 && body.contains("intake stalled")
+        }
+        redis.thaw()
+        try await WorkerTests.waitFor("the event processed once Redis answers") {
+            try SQLiteLedgerReader(path: setup.ledgerPath).events().first?.outcome == "processed"
+        }
+        try await WorkerTests.waitFor("/healthz ok again") { try await WorkerTests.httpGet(port, "/healthz").0 == 200 }
+        #expect(try await redis.cli(["EXISTS", "session:w1:a"]) == "0")
+        #expect(await worker.terminate() == 0)
+    }
 }

@@ -10,6 +10,7 @@ import SecurityEvents
 import Synchronization
 import Testing
 import WardenTestSupport
+import WardenCLI
 
 /// `warden run` as a user runs it: the built binary against librdkafka's mock cluster over TCP,
 /// fed by an independent client (python3-confluent-kafka), its ledger read back from disk.
@@ -181,6 +182,8 @@ struct WorkerTests {
         try await readerRun
         let letter = try #require(deadLetters.first)
         #expect(letter.value == Array(forged.utf8))
+        // On the original's key, so it lands where that user's events go and can be re-driven.
+        #expect(letter.key == Array("user-1".utf8))
         #expect(letter.header("warden-error") == Array("invalid_key".utf8))
         #expect(String(decoding: letter.header("warden-error-description") ?? [], as: UTF8.self).contains("signature"))
         #expect(String(decoding: letter.header("warden-source") ?? [], as: UTF8.self).hasPrefix("security-events/"))
@@ -196,6 +199,17 @@ struct WorkerTests {
         #expect(metrics.contains(#"warden_verify_failures_total{err="invalid_key"} 1"#))
         #expect(metrics.contains("warden_dead_letters_total 1"))
         #expect(metrics.contains("warden_verify_seconds_bucket"))
+        #expect(metrics.contains(#"warden_build_info{version="\#(WardenVersion.current)"} 1"#))
+        #expect(!metrics.contains("warden_keys_age_seconds{"))  // pinned keys are never fetched
+        try await Self.waitFor("the consumer lag, reported each second") {
+            try await Self.httpGet(port, "/metrics").1.contains(#"warden_kafka_consumer_lag{topic="security-events",partition="#)
+        }
+        // Every metric is described: a # HELP line before each # TYPE line.
+        let lines = metrics.split(separator: "\n")
+        for (i, line) in lines.enumerated() where line.hasPrefix("# TYPE ") {
+            let name = line.dropFirst("# TYPE ".count).prefix { $0 != " " }
+            #expect(i > 0 && lines[i - 1].hasPrefix("# HELP \(name) "), "no # HELP for \(name)")
+        }
 
         #expect(await worker.terminate() == 0)
         // Tokens never appear whole in the logs.
@@ -237,8 +251,12 @@ struct WorkerTests {
 
         server.serve("/certs", json: SETMinter.jwks([Self.rsa, Self.ec]))
         let restarted = try WorkerProcess(config: setup.config)
-        _ = try await restarted.httpPort()
+        let restartedPort = try await restarted.httpPort()
         try await Self.waitFor("the event, once keys are back") { try SQLiteLedgerReader(path: setup.ledgerPath).eventCount() == 1 }
+        // Fetched keys have an age.
+        let age = try await Self.httpGet(restartedPort, "/metrics").1.split(separator: "\n")
+            .first { $0.hasPrefix("warden_keys_age_seconds{issuer=") }
+        #expect(age.flatMap { Double($0.split(separator: " ").last ?? "") }.map { $0 >= 0 && $0 < 3600 } == true, "\(String(describing: age))")
         #expect(await restarted.terminate() == 0)
         #expect(try SQLiteLedgerReader(path: setup.ledgerPath).deliveries().isEmpty)
         await server.stop()
@@ -317,11 +335,11 @@ final class WorkerProcess: Sendable {
     private let output = Captured()
     private let errors = Captured()
 
-    init(config: URL) throws {
+    init(config: URL, environment extra: [String: String] = [:]) throws {
         let process = Process()
         process.executableURL = Warden.executable
         process.arguments = ["run", "--config", config.path]
-        var environment = ProcessInfo.processInfo.environment
+        var environment = ProcessInfo.processInfo.environment.merging(extra) { $1 }
         environment["WARDEN_LOG_LEVEL"] = "info"
         process.environment = environment
         let out = Pipe(), err = Pipe()
