@@ -1,3 +1,4 @@
+import Synchronization
 public import SecurityEvents
 
 /// A step ready to run: every placeholder filled.
@@ -49,10 +50,24 @@ public enum SubjectResolution: Sendable, Hashable {
 /// Turns a verified token into steps: pure, no I/O. For each event in the token, the policy's
 /// rules for its type apply in order; a rule with a `when` applies only if it matches. Every
 /// placeholder is filled from the event, its subject and the resolved user.
+///
+/// Copies share one policy, which `replace` swaps for all of them (SIGHUP): events planned
+/// after the swap follow the new policy; an event already planned keeps its steps.
 public struct Planner: Sendable {
-    public let policy: Policy
+    private final class Current: Sendable {
+        let policy: Mutex<Policy>
+        init(_ policy: Policy) { self.policy = Mutex(policy) }
+    }
+    private let current: Current
 
-    public init(policy: Policy) { self.policy = policy }
+    public var policy: Policy { current.policy.withLock { $0 } }
+
+    public init(policy: Policy) { self.current = Current(policy) }
+
+    /// Plans from now on follow `policy`.
+    public func replace(_ policy: Policy) {
+        current.policy.withLock { $0 = policy }
+    }
 
     /// Placeholders a template may use.
     public static let placeholders: Set<String> = ["user", "sub", "iss", "email", "phone", "sid", "jti", "event", "reason"]
@@ -75,6 +90,7 @@ public struct Planner: Sendable {
 
     public func plan(_ token: SecurityEventToken, subject resolution: SubjectResolution) -> Plan {
         var plan = Plan(steps: [], skipped: [], unknownTypes: [])
+        let policy = self.policy
         for event in token.events {
             guard let rules = policy.rules(for: event.type) else {
                 plan.unknownTypes.append(event.type)

@@ -44,14 +44,16 @@ public struct JSONLogHandler: LogHandler {
     }
 
     /// JSON lines when standard error is not a terminal, swift-log's text otherwise. The level
-    /// comes from `WARDEN_LOG_LEVEL` (default info).
-    public static func bootstrap(environment: [String: String] = ProcessInfo.processInfo.environment) {
-        let level = environment["WARDEN_LOG_LEVEL"].flatMap(Logger.Level.init(rawValue:)) ?? .info
+    /// comes from `WARDEN_LOG_LEVEL`, else the configuration's `logging.level` (default info),
+    /// and follows a reload (SIGHUP).
+    public static func bootstrap(level configured: Logger.Level? = nil,
+                                 environment: [String: String] = ProcessInfo.processInfo.environment) {
+        LogLevelControl.current = LogLevelControl.level(configured: configured, environment: environment)
         let json = isatty(FileHandle.standardError.fileDescriptor) == 0 || environment["WARDEN_LOG_FORMAT"] == "json"
         LoggingSystem.bootstrap { label in
             var handler: any LogHandler = json ? JSONLogHandler(label: label) : StreamLogHandler.standardError(label: label)
-            handler.logLevel = level
-            return handler
+            handler.logLevel = .trace  // the shared level decides
+            return SharedLevelLogHandler(handler)
         }
     }
 }

@@ -42,12 +42,12 @@ extension WardenCommand {
                 FileHandle.standardError.write(Data("warden: \(error)\n".utf8))
                 throw ExitCode(VerifyExit.usage.rawValue)
             }
-            JSONLogHandler.bootstrap()
+            JSONLogHandler.bootstrap(level: configuration.logLevel)
             let logger = Logger(label: "warden")
             logger.info("starting", metadata: ["warden.version": "\(WardenVersion.current)",
                                                "warden.config": "\(URL(fileURLWithPath: config).standardizedFileURL.path)"])
             do {
-                try await Worker(configuration: configuration, logger: logger).run()
+                try await Worker(configuration: configuration, configPath: config, logger: logger).run()
             } catch let error as ConfigError {
                 logger.critical("configuration refused", metadata: ["warden.reason": "\(error)"])
                 throw ExitCode(VerifyExit.usage.rawValue)
@@ -62,6 +62,8 @@ extension WardenCommand {
 /// The worker's parts, wired into one service group.
 struct Worker {
     let configuration: WardenConfiguration
+    /// Read again on SIGHUP.
+    let configPath: String
     let logger: Logger
 
     func run() async throws {
@@ -241,6 +243,7 @@ struct Worker {
                 .init(service: CloseOnShutdown { engine.redisClients.forEach { $0.close() } }),
                 .init(service: CloseOnShutdown { try? await client.shutdown() }),
                 .init(service: KeyPreload(issuers: issuers, logger: logger)),
+                .init(service: ConfigurationReload(path: configPath, running: configuration, planner: engine.engine.planner, logger: logger)),
                 .init(service: http),
                 .init(service: Prepared(prepare: openLedger, service: intake), successTerminationBehavior: .gracefullyShutdownGroup,
                       failureTerminationBehavior: .gracefullyShutdownGroup),

@@ -1,6 +1,6 @@
 public import Foundation
 public import TokenVerification
-import Logging
+public import Logging
 
 /// Everything a configuration file says, validated. Built in one place from the YAML and the
 /// `WARDEN_…` environment overrides.
@@ -19,6 +19,8 @@ public struct WardenConfiguration: Sendable {
     public var invalidation: InvalidationConfiguration
     /// Issuers' `stream:` sections, in the issuers' order.
     public var streams: [StreamConfiguration] = []
+    /// `logging: {level: …}`; `WARDEN_LOG_LEVEL` wins over it.
+    public var logLevel: Logger.Level? = nil
 
     /// The streams `warden run` polls (`delivery: {method: poll}`).
     public var pollStreams: [StreamConfiguration] {
@@ -75,9 +77,21 @@ public struct WardenConfiguration: Sendable {
             issuers: issuers, maximumTokenBytes: maximum, kafka: try KafkaSettings.parse(root.child("kafka")),
             http: try HTTPSettings.parse(root.child("http")), receiver: try ReceiverSettings.parse(root.child("receiver")),
             ledger: root.child("ledger").isPresent ? try LedgerLocation.parse(root.child("ledger")) : nil,
-            invalidation: try InvalidationConfiguration.parse(root), streams: streams)
+            invalidation: try InvalidationConfiguration.parse(root), streams: streams,
+            logLevel: try logLevel(root.child("logging")))
         try checkEnvironment(root)
         return configuration
+    }
+
+    /// `logging: {level: trace|debug|info|notice|warning|error|critical}`.
+    static func logLevel(_ r: ConfigReader) throws(ConfigError) -> Logger.Level? {
+        guard r.isPresent else { return nil }
+        try r.requireOnly(["level"])
+        guard let text = try r.child("level").string() else { return nil }
+        guard let level = Logger.Level(rawValue: text) else {
+            throw r.child("level").error("\"\(text.prefix(32))\" is not a level (\(Logger.Level.allCases.map(\.rawValue).joined(separator: ", ")))")
+        }
+        return level
     }
 
     /// Every `WARDEN_…` variable must have been read as a key (or be one of the process's own):

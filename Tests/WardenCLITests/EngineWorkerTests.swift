@@ -396,4 +396,54 @@ extension EngineWorkerTests {
         #expect(try await redis.cli(["EXISTS", "session:w1:a"]) == "0")
         #expect(await worker.terminate() == 0)
     }
+
+    // SIGHUP after editing the policy: events from then on follow the new policy; a file that
+    // no longer parses, or a change that needs a restart, is logged and the worker goes on.
+    @Test func sighupReloadsThePolicyAndNeverEndsTheProcess() async throws {
+        let redis = try await RedisServer()
+        let targets = """
+            targets:
+              sessions: {redis: "redis://127.0.0.1:\(redis.port)/0"}
+            logging: {level: info}
+            """
+        let setup = try WorkerTests.Setup(extra: targets + """
+
+            policy:
+              sessions-revoked:
+                - purge-set: {target: sessions, set: "old-sessions:{user}"}
+            """)
+        defer { setup.cleanUp() }
+        let original = try String(contentsOf: setup.config, encoding: .utf8)
+        for user in ["h1", "h2"] {
+            for set in ["old-sessions", "new-sessions"] { _ = try await redis.cli(["SADD", "\(set):\(user)", "\(set):\(user):s"]); _ = try await redis.cli(["SET", "\(set):\(user):s", "x"]) }
+        }
+        let worker = try WorkerProcess(config: setup.config)
+        _ = try await worker.httpPort()
+        try await WorkerTests.produce(setup.cluster.bootstrapServers, [("h1", try token(.sessionsRevoked, subject: "h1"))])
+        try await WorkerTests.waitFor("h1 under the first policy") { try await redis.cli(["EXISTS", "old-sessions:h1:s"]) == "0" }
+
+        // A broken file: refused, logged, nothing changes, the process lives.
+        try "issuers: [".write(to: setup.config, atomically: true, encoding: .utf8)
+        worker.signal(SIGHUP)
+        try await WorkerTests.waitFor("the refusal logged") { worker.standardError.contains("configuration reload refused") }
+        #expect(worker.isRunning)
+
+        // The policy edited (and the log level, and a setting that needs a restart).
+        let edited = original.replacingOccurrences(of: "old-sessions", with: "new-sessions")
+            .replacingOccurrences(of: "level: info", with: "level: debug")
+            .replacingOccurrences(of: "commit-interval: 200ms", with: "commit-interval: 300ms")
+        try edited.write(to: setup.config, atomically: true, encoding: .utf8)
+        worker.signal(SIGHUP)
+        try await WorkerTests.waitFor("the reload logged") { worker.standardError.contains("configuration reloaded") }
+        let line = worker.standardError.split(separator: "\n").first { $0.contains("configuration reloaded") }.map(String.init) ?? ""
+        #expect(line.contains("policy"), "\(line)")
+        // The test's WARDEN_LOG_LEVEL=info wins over the file's level: said, not applied.
+        #expect(line.contains("WARDEN_LOG_LEVEL in the environment wins"), "\(line)")
+        #expect(line.contains("kafka"), "\(line)")  // needs a restart, said so
+        try await WorkerTests.produce(setup.cluster.bootstrapServers, [("h2", try token(.sessionsRevoked, subject: "h2"))])
+        try await WorkerTests.waitFor("h2 under the new policy") { try await redis.cli(["EXISTS", "new-sessions:h2:s"]) == "0" }
+        #expect(try await redis.cli(["EXISTS", "old-sessions:h2:s"]) == "1")
+        #expect(worker.isRunning)
+        #expect(await worker.terminate() == 0)
+    }
 }

@@ -1,4 +1,5 @@
 import Foundation
+import Invalidation
 import Testing
 import WardenTestSupport
 @testable import WardenCLI
@@ -98,5 +99,28 @@ struct OperatorConfigurationTests {
         #expect(version.status == 0)
         #expect(version.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == WardenVersion.current)
     }
-}
 
+    @Test func reloadAppliesPolicyAndLevelAndNamesWhatNeedsARestart() throws {
+        let redis = "targets: {sessions: {redis: \"redis://127.0.0.1:6379\"}}\n"
+        let first = try parse(redis + "logging: {level: info}\npolicy: {sessions-revoked: [{purge-set: {target: sessions, set: \"a:{user}\"}}]}\n")
+        var running = first
+        let planner = Invalidation.Planner(policy: first.invalidation.policy)
+        LogLevelControl.current = .info
+        let second = try parse(redis + "logging: {level: warning}\npolicy: {sessions-revoked: [{purge-set: {target: sessions, set: \"b:{user}\"}}]}\n")
+        let (applied, restart) = ConfigurationReload.apply(second, to: &running, planner: planner)
+        if ProcessInfo.processInfo.environment["WARDEN_LOG_LEVEL"] == nil {
+            #expect(applied.contains("log level warning"))
+            #expect(LogLevelControl.current == .warning)
+        }
+        #expect(applied.contains { $0.hasPrefix("policy") } && restart.isEmpty)
+        #expect(planner.policy == second.invalidation.policy)
+        // Nothing new: nothing applied.
+        #expect(ConfigurationReload.apply(second, to: &running, planner: planner).applied.isEmpty)
+        // Another target: the policy waits for a restart with it.
+        let third = try parse("targets: {sessions: {redis: \"redis://127.0.0.1:6380\"}}\nhttp: {listen: \"127.0.0.1:9999\"}\n")
+        let (_, later) = ConfigurationReload.apply(third, to: &running, planner: planner)
+        #expect(later.contains { $0.hasPrefix("targets") } && later.contains("http"))
+        #expect(planner.policy == second.invalidation.policy)
+        LogLevelControl.current = .info
+    }
+}

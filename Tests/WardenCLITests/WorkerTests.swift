@@ -381,6 +381,13 @@ final class WorkerProcess: Sendable {
         return await exitStatus()
     }
 
+    /// Sends a signal (SIGHUP: reload) without waiting.
+    func signal(_ number: Int32) {
+        Foundation.kill(process.processIdentifier, number)
+    }
+
+    var isRunning: Bool { process.isRunning }
+
     func kill() async {
         Foundation.kill(process.processIdentifier, SIGKILL)
         _ = await exitStatus()

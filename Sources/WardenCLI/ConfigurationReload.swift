@@ -1,0 +1,126 @@
+import Dispatch
+import Foundation
+import Invalidation
+import Logging
+import ServiceLifecycle
+import Synchronization
+
+/// SIGHUP: reads the configuration file again and applies what can change safely in a running
+/// worker — the policy (when targets, token stores and subjects are unchanged) and the log
+/// level — and logs what changed but needs a restart. A file that no longer parses changes
+/// nothing and is logged. The signal never ends the process.
+struct ConfigurationReload: Service {
+    let path: String
+    let running: WardenConfiguration
+    let planner: Planner
+    let logger: Logger
+
+    func run() async throws {
+        signal(SIGHUP, SIG_IGN)  // the default action ends the process
+        let (signals, continuation) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
+        let source = DispatchSource.makeSignalSource(signal: SIGHUP, queue: .global())
+        source.setEventHandler { continuation.yield() }
+        source.resume()
+        defer { source.cancel() }
+        let applied = Mutex(running)
+        await withGracefulShutdownHandler {
+            for await _ in signals { reload(into: applied) }
+        } onGracefulShutdown: {
+            continuation.finish()
+        }
+    }
+
+    /// One reload; `applied` is the configuration in force, updated with what was applied.
+    func reload(into applied: borrowing Mutex<WardenConfiguration>) {
+        let fresh: WardenConfiguration
+        do {
+            fresh = try WardenConfiguration.load(path: path)
+        } catch {
+            logger.error("configuration reload refused: the running configuration stays", metadata: [
+                "warden.config": "\(path)", "warden.reason": "\(error)"])
+            return
+        }
+        let (done, needsRestart) = applied.withLock { current in Self.apply(fresh, to: &current, planner: planner) }
+        logger.notice("configuration reloaded", metadata: [
+            "warden.config": "\(path)",
+            "warden.applied": "\(done.isEmpty ? "nothing changed that can be applied" : done.joined(separator: "; "))",
+            "warden.needs_restart": "\(needsRestart.isEmpty ? "nothing" : needsRestart.joined(separator: "; "))",
+        ])
+    }
+
+    /// Applies what can change while running; returns what was applied and what was not.
+    static func apply(_ fresh: WardenConfiguration, to current: inout WardenConfiguration, planner: Planner)
+        -> (applied: [String], needsRestart: [String])
+    {
+        var applied: [String] = [], needsRestart: [String] = []
+        let level = LogLevelControl.level(configured: fresh.logLevel)
+        if level != LogLevelControl.current {
+            LogLevelControl.current = level
+            applied.append("log level \(level.rawValue)")
+        } else if fresh.logLevel != current.logLevel, ProcessInfo.processInfo.environment["WARDEN_LOG_LEVEL"] != nil {
+            needsRestart.append("logging.level (WARDEN_LOG_LEVEL in the environment wins over it)")
+        }
+        current.logLevel = fresh.logLevel
+        let old = current.invalidation, new = fresh.invalidation
+        if new.targets == old.targets, new.tokenStores == old.tokenStores, new.subjects == old.subjects {
+            if new.policy != old.policy {
+                planner.replace(new.policy)
+                current.invalidation = new
+                applied.append("policy (events planned from now on)")
+            }
+        } else {
+            needsRestart.append("targets, token stores or subjects (their credentials included), and the policy with them")
+        }
+        let sections: [(String, Bool)] = [
+            ("issuers", fresh.issuers != current.issuers), ("kafka", fresh.kafka != current.kafka),
+            ("http", fresh.http != current.http), ("receiver", fresh.receiver != current.receiver),
+            ("ledger", fresh.ledger != current.ledger), ("max-token-size", fresh.maximumTokenBytes != current.maximumTokenBytes),
+        ]
+        needsRestart += sections.filter(\.1).map(\.0)
+        return (applied, needsRestart)
+    }
+}
+
+/// The level every log handler of `warden run` follows, changed by SIGHUP. `WARDEN_LOG_LEVEL`
+/// wins over the file's `logging.level`.
+enum LogLevelControl {
+    private static let raw = Atomic<Int>(Logger.Level.info.index)
+
+    static var current: Logger.Level {
+        get { Logger.Level.allCases[raw.load(ordering: .relaxed)] }
+        set { raw.store(newValue.index, ordering: .relaxed) }
+    }
+
+    static func level(configured: Logger.Level?, environment: [String: String] = ProcessInfo.processInfo.environment) -> Logger.Level {
+        environment["WARDEN_LOG_LEVEL"].flatMap(Logger.Level.init(rawValue:)) ?? configured ?? .info
+    }
+}
+
+extension Logger.Level {
+    fileprivate var index: Int { Logger.Level.allCases.firstIndex(of: self)! }
+}
+
+/// A handler whose level is the shared one, unless a logger sets its own.
+struct SharedLevelLogHandler: LogHandler {
+    var inner: any LogHandler
+    private var own: Logger.Level?
+
+    init(_ inner: any LogHandler) { self.inner = inner }
+
+    var logLevel: Logger.Level {
+        get { own ?? LogLevelControl.current }
+        set { own = newValue }
+    }
+
+    var metadata: Logger.Metadata {
+        get { inner.metadata }
+        set { inner.metadata = newValue }
+    }
+
+    subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+        get { inner[metadataKey: key] }
+        set { inner[metadataKey: key] = newValue }
+    }
+
+    func log(event: LogEvent) { inner.log(event: event) }
+}
