@@ -153,6 +153,9 @@ public final class RedisClient: Sendable {
         where Command.Element: Collection<UInt8>
     {
         guard !commands.isEmpty else { return [] }
+        // A command Redis does not answer would shift every later reply of a shared round trip
+        // onto the wrong caller.
+        if commands.contains(where: \.isEmpty) { throw RedisError("an empty Redis command", retryable: false) }
         var encoding = RESPEncoding()
         for command in commands { encoding.append(command) }
         return try await send(encoding.bytes, count: commands.count)
@@ -166,7 +169,7 @@ public final class RedisClient: Sendable {
                 if p.closed { return .closed }
                 p.queued.append(Request(encoded: encoded, count: count, continuation: continuation))
                 if let connection = p.idle.popLast() { return .drive(connection) }
-                if p.created < settings.poolSize {
+                if p.created < max(1, settings.poolSize) {
                     p.created += 1
                     return .drive(RedisConnection(on: MultiThreadedEventLoopGroup.singleton.next()))
                 }
@@ -233,6 +236,8 @@ public final class RedisClient: Sendable {
     private static func context(_ tls: RedisTLSSettings, _ settings: RedisConnectionSettings) -> Result<NIOSSLContext, RedisError> {
         var configuration = TLSConfiguration.makeClientConfiguration()
         configuration.minimumTLSVersion = .tlsv12
+        // A failed connection is closed at once: not kept open waiting for the peer's close_notify.
+        configuration.shutdownTimeout = .milliseconds(500)
         var file = ""
         do {
             if let ca = tls.caFile {
@@ -260,10 +265,15 @@ extension RedisReply {
     /// For an error reply: whether the server may take the same command later (`LOADING`,
     /// `BUSY`, `TRYAGAIN`, `MASTERDOWN`, `CLUSTERDOWN`) rather than refuse it again
     /// (`WRONGTYPE`, `NOPERM`, …). The one classification every Redis caller uses.
+    /// `READONLY` (a replica after a failover: the connection is replaced too, so a new one
+    /// reaches the new primary) and `NOREPLICAS`, `MISCONF` are passing states as well.
     public var isTransientError: Bool {
         guard case .error(let message) = self else { return false }
-        return ["LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN", "CLUSTERDOWN"].contains { message.hasPrefix($0) }
+        return Self.transientErrors.contains(message.prefix { $0 != " " })
     }
+
+    static let transientErrors: Set<Substring> = ["LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN", "CLUSTERDOWN", "READONLY",
+                                                  "NOREPLICAS", "MISCONF"]
 }
 
 /// One connection, opened lazily and reopened after a failure.
@@ -308,18 +318,13 @@ final class RedisConnection: @unchecked Sendable {
         }
     }
 
-    /// Writes encoded commands in one flush, expecting replies for each promise in turn, and
-    /// closes the connection if they are not all in within the timeout.
+    /// Writes encoded commands in one flush, expecting replies for each promise in turn. The
+    /// handler fails them all and closes the connection when no reply has come for the timeout.
     private func write(_ parts: some Collection<[UInt8]>, _ expected: [(count: Int, promise: EventLoopPromise<[RedisReply]>)],
                        on channel: any Channel, _ handler: RedisReplyHandler, settings: RedisConnectionSettings) {
         var buffer = channel.allocator.buffer(capacity: parts.reduce(0) { $0 + $1.count })
         for part in parts { buffer.writeBytes(part) }
         for (count, promise) in expected { handler.expect(count, promise) }
-        let deadline = eventLoop.scheduleTask(in: .nanoseconds(Int64(settings.timeout * 1e9))) {
-            handler.timedOut(after: settings.timeout)
-            channel.close(promise: nil)
-        }
-        EventLoopFuture.andAllComplete(expected.map(\.promise.futureResult), on: eventLoop).whenComplete { _ in deadline.cancel() }
         channel.writeAndFlush(buffer).whenFailure { _ in channel.close(promise: nil) }
     }
 
@@ -327,7 +332,7 @@ final class RedisConnection: @unchecked Sendable {
     private func connected(_ settings: RedisConnectionSettings, tls: Result<NIOSSLContext, RedisError>?)
         -> EventLoopFuture<(any Channel, RedisReplyHandler)>
     {
-        if let channel, let handler, channel.isActive { return eventLoop.makeSucceededFuture((channel, handler)) }
+        if let channel, let handler, channel.isActive, handler.isUsable { return eventLoop.makeSucceededFuture((channel, handler)) }
         disconnect()
         let context: NIOSSLContext?
         switch tls {
@@ -336,9 +341,9 @@ final class RedisConnection: @unchecked Sendable {
         case .failure(let error)?: return eventLoop.makeFailedFuture(error)
         }
         let endpoint = "\(settings.host):\(settings.port)"
-        let handler = RedisReplyHandler(endpoint: endpoint)
+        let handler = RedisReplyHandler(endpoint: endpoint, timeout: Self.timeAmount(settings.timeout))
         let serverName = context == nil || Self.isIPAddress(settings.host) ? nil : settings.host
-        let timeout = TimeAmount.nanoseconds(Int64(settings.timeout * 1e9))
+        let timeout = Self.timeAmount(settings.timeout)
         let bootstrap = ClientBootstrap(group: eventLoop)
             .connectTimeout(timeout)
             .channelOption(.socketOption(.tcp_nodelay), value: 1)
@@ -348,7 +353,8 @@ final class RedisConnection: @unchecked Sendable {
                     if let context {
                         try channel.pipeline.syncOperations.addHandler(NIOSSLClientHandler(context: context, serverHostname: serverName))
                     }
-                    try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(RESPDecoder()))
+                    try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(RESPDecoder(),
+                                                                                        maximumBufferSize: RESPDecoder.maximumBuffer))
                     try channel.pipeline.syncOperations.addHandler(handler)
                 }
             }
@@ -374,19 +380,36 @@ final class RedisConnection: @unchecked Sendable {
             setup.append(["SELECT", String(settings.database)].lazy.map(\.utf8))
             named.append("SELECT \(settings.database)")
         }
+        // Without AUTH or SELECT, a PING: what a server says on accepting (over maxclients,
+        // protected mode) must answer setup, never a caller's command.
+        if named.isEmpty {
+            setup.append(["PING"].lazy.map(\.utf8))
+            named.append("PING")
+        }
         let steps = named
-        guard !steps.isEmpty else { return eventLoop.makeSucceededVoidFuture() }
         let promise = eventLoop.makePromise(of: [RedisReply].self)
         write(CollectionOfOne(setup.bytes), [(steps.count, promise)], on: channel, handler, settings: settings)
         return promise.futureResult.flatMapThrowing { replies in
             for (step, reply) in zip(steps, replies) {
                 if case .error(let message) = reply {
                     self.disconnect()
-                    // Never echo the password: say which step failed and the server's words.
-                    throw RedisError("Redis at \(settings.host):\(settings.port) refused \(step): \(message)", retryable: false)
+                    // Never echo the password: say which step failed and the server's words (cut
+                    // short: a proxy could say more than Redis does). Only a refusal of the
+                    // credentials or the database is permanent; "max number of clients" passes.
+                    let permanent = Self.permanentSetupRefusals.contains { message.hasPrefix($0) }
+                    throw RedisError("Redis at \(settings.host):\(settings.port) refused \(step): \(message.prefix(120))",
+                                     retryable: !permanent)
                 }
             }
         }
+    }
+
+    static let permanentSetupRefusals = ["WRONGPASS", "NOAUTH", "NOPERM", "ERR invalid password", "ERR AUTH",
+                                         "ERR DB index is out of range", "ERR invalid DB index", "ERR SELECT is not allowed"]
+
+    /// Seconds as NIO's time, saturating (a configured `200000d` must not trap).
+    static func timeAmount(_ seconds: Double) -> TimeAmount {
+        .nanoseconds(Int64(min(max(seconds, 0.001), 1e9) * 1e9))
     }
 
     private static func isIPAddress(_ host: String) -> Bool {
@@ -396,20 +419,38 @@ final class RedisConnection: @unchecked Sendable {
 
 /// Matches replies to the requests written, in order, and fails every request still waiting
 /// when the connection ends — with the reason it ended (a TLS failure, a timeout, a malformed
-/// reply) when one is known.
+/// reply) when one is known. The deadline restarts with every reply: a long round trip that
+/// makes progress is not cut; one with no reply for the timeout fails at once, without waiting
+/// for the connection's close (TLS waits for the peer's close_notify).
 ///
 /// `@unchecked Sendable`: every method runs on its channel's event loop (the channel calls it
-/// there, and the connection that owns it only runs there); it is captured by that loop's
-/// scheduled timeout, never used from another thread.
+/// there, and the connection that owns it only runs there); its deadline is scheduled on that
+/// loop. It is never used from another thread.
 final class RedisReplyHandler: ChannelInboundHandler, RemovableChannelHandler, @unchecked Sendable {
     typealias InboundIn = RedisReply
 
     private let endpoint: String
+    private let timeout: TimeAmount
     private var waiting = CircularBuffer<(remaining: Int, replies: [RedisReply], promise: EventLoopPromise<[RedisReply]>)>()
     private var failure: RedisError?
+    private var context: ChannelHandlerContext?
+    private var deadline: Scheduled<Void>?
+    /// A reply said this server no longer takes writes (`READONLY`): the next round trip
+    /// opens a new connection, which reaches the new primary.
+    private var replace = false
 
-    init(endpoint: String) {
+    init(endpoint: String, timeout: TimeAmount) {
         self.endpoint = endpoint
+        self.timeout = timeout
+    }
+
+    /// Whether a new round trip may use this connection.
+    var isUsable: Bool { failure == nil && !replace }
+
+    func handlerAdded(context: ChannelHandlerContext) { self.context = context }
+    func handlerRemoved(context: ChannelHandlerContext) {
+        deadline?.cancel()
+        self.context = nil
     }
 
     func expect(_ count: Int, _ promise: EventLoopPromise<[RedisReply]>) {
@@ -420,10 +461,19 @@ final class RedisReplyHandler: ChannelInboundHandler, RemovableChannelHandler, @
         var replies: [RedisReply] = []
         replies.reserveCapacity(count)
         waiting.append((count, replies, promise))
+        if deadline == nil { restartDeadline() }
     }
 
-    func timedOut(after seconds: Double) {
-        if failure == nil { failure = RedisError("Redis at \(endpoint): no reply within \(seconds) s", retryable: true) }
+    private func restartDeadline() {
+        deadline?.cancel()
+        deadline = nil
+        guard !waiting.isEmpty, let context else { return }
+        let seconds = Double(timeout.nanoseconds) / 1e9
+        deadline = context.eventLoop.scheduleTask(in: timeout) { [self] in
+            deadline = nil
+            guard let context = self.context else { return }
+            fail(RedisError("Redis at \(endpoint): no reply within \(seconds) s", retryable: true), context: context)
+        }
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
@@ -432,12 +482,14 @@ final class RedisReplyHandler: ChannelInboundHandler, RemovableChannelHandler, @
             fail(RedisError("Redis at \(endpoint) sent a reply nobody asked for", retryable: true), context: context)
             return
         }
+        if case .error(let message) = reply, message.hasPrefix("READONLY") { replace = true }
         waiting[waiting.startIndex].replies.append(reply)
         waiting[waiting.startIndex].remaining -= 1
         if waiting[waiting.startIndex].remaining == 0 {
             let done = waiting.removeFirst()
             done.promise.succeed(done.replies)
         }
+        restartDeadline()
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
@@ -445,35 +497,49 @@ final class RedisReplyHandler: ChannelInboundHandler, RemovableChannelHandler, @
     }
 
     func channelInactive(context: ChannelHandlerContext) {
-        let error = failure ?? RedisError("Redis at \(endpoint) closed the connection", retryable: true)
-        failure = error
-        while let next = waiting.popFirst() { next.promise.fail(error) }
+        failAll(failure ?? RedisError("Redis at \(endpoint) closed the connection", retryable: true))
         context.fireChannelInactive()
     }
 
+    /// Fails every waiting request now and closes the connection.
     private func fail(_ error: RedisError, context: ChannelHandlerContext) {
-        if failure == nil { failure = error }
+        failAll(failure ?? error)
         context.close(promise: nil)
     }
 
-    /// A failure in words an operator can act on. A certificate that cannot be trusted or is
-    /// for another name is not retryable: it needs a change of configuration or certificate.
+    private func failAll(_ error: RedisError) {
+        failure = error
+        deadline?.cancel()
+        deadline = nil
+        while let next = waiting.popFirst() { next.promise.fail(error) }
+    }
+
+    /// A failure in words an operator can act on. A certificate that cannot be verified, is for
+    /// another name, or a TLS handshake refused (a plain port, a client certificate the server
+    /// does not take) is not retryable: it needs a change of configuration, certificate or clock.
     static func describe(_ error: any Error, endpoint: String) -> RedisError {
         switch error {
         case let error as RedisError:
             return error
         case let error as NIOSSLExtraError where error == .failedToValidateHostname:
             return RedisError("TLS to Redis at \(endpoint): the server's certificate is not for that name (\(error))", retryable: false)
+        case let error as NIOSSLExtraError:
+            return RedisError("TLS to Redis at \(endpoint): \(error)", retryable: false)
         case let NIOSSLError.handshakeFailed(reason):
             let text = "\(reason)"
-            let untrusted = text.contains("CERTIFICATE_VERIFY_FAILED")
+            let unverified = text.contains("CERTIFICATE_VERIFY_FAILED")
             return RedisError("TLS handshake with Redis at \(endpoint) failed: "
-                              + (untrusted ? "its certificate is not signed by a trusted authority (check ca-file): " : "")
-                              + text, retryable: !untrusted)
+                              + (unverified ? "its certificate could not be verified (not signed by a trusted authority, expired or "
+                                 + "not yet valid: check ca-file and the clock): " : "")
+                              + text, retryable: false)
+        case is BoringSSLError:
+            return RedisError("TLS to Redis at \(endpoint) refused: \(error)", retryable: false)
         case is NIOSSLError:
             return RedisError("TLS to Redis at \(endpoint): \(error)", retryable: true)
         case let error as RESPDecoder.MalformedReply:
             return RedisError("Redis at \(endpoint) sent a malformed reply: \(error.reason)", retryable: true)
+        case is ByteToMessageDecoderError.PayloadTooLargeError:
+            return RedisError("Redis at \(endpoint) sent a reply over \(RESPDecoder.maximumBuffer) bytes", retryable: false)
         default:
             return RedisError("Redis at \(endpoint): \(error)", retryable: true)
         }
@@ -492,6 +558,11 @@ struct RESPDecoder: ByteToMessageDecoder {
 
     static let maximumLine = 65_536
     static let maximumDepth = 32
+    /// Redis's own limit on one bulk string (`proto-max-bulk-len`).
+    static let maximumBulk = 512 * 1024 * 1024
+    /// Most bytes one reply may take while it arrives.
+    static let maximumBuffer = maximumBulk + 1024 * 1024
+    static let maximumElements = 16 * 1024 * 1024
 
     mutating func decode(context: ChannelHandlerContext, buffer: inout ByteBuffer) throws -> DecodingState {
         var view = buffer
@@ -518,14 +589,18 @@ struct RESPDecoder: ByteToMessageDecoder {
             guard let n = Int64(line) else { throw MalformedReply(reason: "integer \"\(line.prefix(32))\"") }
             return .integer(n)
         case UInt8(ascii: "$"):
-            guard let length = Int(line), length >= -1 else { throw MalformedReply(reason: "bulk length \"\(line.prefix(32))\"") }
+            guard let length = Int(line), length >= -1, length <= maximumBulk else {
+                throw MalformedReply(reason: "bulk length \"\(line.prefix(32))\"")
+            }
             if length == -1 { return .null }
-            guard buffer.readableBytes >= length + 2 else { return nil }
+            guard buffer.readableBytes - 2 >= length else { return nil }
             let bytes = buffer.readBytes(length: length)!
             guard buffer.readInteger(as: UInt16.self) == 0x0D0A else { throw MalformedReply(reason: "bulk string not ended by CRLF") }
             return .string(bytes)
         case UInt8(ascii: "*"):
-            guard let count = Int(line), count >= -1 else { throw MalformedReply(reason: "array length \"\(line.prefix(32))\"") }
+            guard let count = Int(line), count >= -1, count <= maximumElements else {
+                throw MalformedReply(reason: "array length \"\(line.prefix(32))\"")
+            }
             if count == -1 { return .null }
             var items: [RedisReply] = []
             items.reserveCapacity(min(count, 1024))

@@ -237,6 +237,27 @@ struct RedisTLSTests {
         await #expect(throws: RedisError.self) { _ = try await without.send(["PING"]) }
     }
 
+    // A server that keeps the connection and answers nothing: the call fails within the
+    // timeout (not the timeout plus TLS's close), retryably; a thawed server answers again.
+    @Test func aWedgedServerTimesOutAndTheNextCallReconnects() async throws {
+        let (server, certificates) = try await Self.server()
+        let client = RedisClient(settings: .init(host: "localhost", port: server.port, password: "tls horse",
+                                                 tls: .init(caFile: certificates.caFile), poolSize: 1, timeout: 0.5))
+        defer { client.close() }
+        #expect(try await client.send(["PING"]) == .status("PONG"))
+        server.freeze()
+        do {
+            _ = try await client.send(["PING"])
+            Issue.record("a frozen server must not answer")
+        } catch {
+            #expect(error.isRetryable)
+            #expect(error.message.contains("no reply within 0.5 s"), "\(error.message)")
+        }
+        server.thaw()
+        #expect(try await client.send(["PING"]) == .status("PONG"))
+        await #expect(throws: RedisError.self) { _ = try await client.pipeline([[String]]([[]])) }
+    }
+
     @Test func aMissingCAFileIsNamed() async throws {
         let client = RedisClient(settings: .init(host: "localhost", port: 1, tls: .init(caFile: "/nonexistent/ca.pem")))
         defer { client.close() }
@@ -271,6 +292,18 @@ struct RedisTLSTests {
 
 @Suite("Reading replies")
 struct RESPDecoderTests {
+    @Test func whichErrorRepliesPass() {
+        for passing in ["LOADING Redis is loading", "BUSY script running", "READONLY You can't write against a read only replica.",
+                        "NOREPLICAS Not enough good replicas", "MISCONF snapshots", "TRYAGAIN", "MASTERDOWN", "CLUSTERDOWN"] {
+            #expect(RedisReply.error(passing).isTransientError, "\(passing)")
+        }
+        for lasting in ["BUSYKEY Target key name already exists.", "BUSYGROUP Consumer Group name already exists",
+                        "WRONGTYPE Operation against a key", "NOPERM", "ERR unknown command"] {
+            #expect(!RedisReply.error(lasting).isTransientError, "\(lasting)")
+        }
+        #expect(!RedisReply.status("LOADING").isTransientError)
+    }
+
     @Test func wholeAndPartialRepliesAndMalformedOnes() throws {
         var buffer = ByteBuffer(string: "*3\r\n$1\r\na\r\n:-7\r\n*2\r\n+OK\r\n$-1\r\n-ERR no\r\n")
         #expect(try RESPDecoder.parse(&buffer, depth: 0) == .array([.string([0x61]), .integer(-7), .array([.status("OK"), .null])]))
@@ -285,6 +318,12 @@ struct RESPDecoderTests {
         var all = ByteBuffer(bytes: whole)
         #expect(try RESPDecoder.parse(&all, depth: 0) == .array([.string(Array("he\r\nl".utf8)), .integer(12)]))
         for bad in ["?x\r\n", ":12a\r\n", "$3\r\nabcde\r\n", "*-2\r\n", "+a\rb\r\n", String(repeating: "*1\r\n", count: 40) + ":1\r\n"] {
+            var buffer = ByteBuffer(string: bad)
+            #expect(throws: RESPDecoder.MalformedReply.self) { _ = try RESPDecoder.parse(&buffer, depth: 0) }
+        }
+        // Lengths that would overflow or exhaust memory are refused, not trusted.
+        for bad in ["$9223372036854775807\r\n", "$9223372036854775806\r\n", "$\(RESPDecoder.maximumBulk + 1)\r\n",
+                    "*9223372036854775807\r\n"] {
             var buffer = ByteBuffer(string: bad)
             #expect(throws: RESPDecoder.MalformedReply.self) { _ = try RESPDecoder.parse(&buffer, depth: 0) }
         }
