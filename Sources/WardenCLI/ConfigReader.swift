@@ -114,7 +114,10 @@ struct ConfigReader {
     /// Keys present in this mapping; an error if this is not a mapping.
     func keys() throws(ConfigError) -> [String] {
         switch tree {
-        case .map(let members): return members.map(\.0)
+        case .map(let members):
+            // A section's own variable would be read as nothing: refused, not ignored.
+            if override != nil { throw error("is a section in the file: set its keys (\(environmentName)_…), not \(environmentName)") }
+            return members.map(\.0)
         case .null: return []
         default: throw error("expected a mapping")
         }

@@ -170,7 +170,7 @@ public enum LedgerLocation: Sendable, Equatable {
         let location = try parseURL(r.child("url"))
         guard let password = try r.secret("password") else { return location }
         guard case .postgres(var postgres) = location else {
-            throw r.child(r.child("password").isPresent ? "password" : "password-file").error("is for a postgres:// ledger")
+            throw r.child(r.child("password").isGiven ? "password" : "password-file").error("is for a postgres:// ledger")
         }
         if postgres.password != nil { throw r.child("url").error("gives a password too: give it in one place") }
         postgres.password = password

@@ -40,6 +40,11 @@ struct OperatorConfigurationTests {
         #expect(error(kafka, environment: ["WARDEN_CONFIG": "/etc/warden.yaml", "WARDEN_LOG_FORMAT": "json"]) == "no error")
         #expect(error(kafka, environment: ["WARDEN_LOG_LEVEL": "verbose"])
             .contains("WARDEN_LOG_LEVEL: \"verbose\" is not a level (trace, debug, info, notice, warning, error, critical)"))
+        // A section's own variable is not a value for it.
+        #expect(error("ledger: {url: \"sqlite:l.sqlite\"}\n", environment: ["WARDEN_LEDGER": "sqlite:other.sqlite"])
+            .contains("ledger: is a section in the file: set its keys (WARDEN_LEDGER_…), not WARDEN_LEDGER"))
+        #expect(error("ledger: {url: \"sqlite:l.sqlite\"}\n", environment: ["WARDEN_LEDGER_PASSWORD_FILE": "/etc/hostname"])
+            .contains("ledger.password-file: is for a postgres:// ledger"))
         // Unrelated variables are not Warden's business.
         #expect(error(kafka, environment: ["WARDENX": "1", "HOME": "/root"]) == "no error")
     }
