@@ -25,6 +25,73 @@ public protocol AuditingLedger: Ledger {
     /// Makes an event's failed steps pending again (and the event pending), so that its steps
     /// run again; the reopening is an audit record of its own. Returns how many were reopened.
     func reopenFailedSteps(ofEvent eventID: Int64, reason: String) async throws(LedgerError) -> Int
+    /// Where the kept chain starts: the last record dropped by retention, (0, genesis) when none
+    /// was. The first record kept must follow it.
+    func auditStart() async throws(LedgerError) -> (seq: Int64, hash: String)
+    /// One small batch of retention: drops, of what was received before `cutoff`, at most
+    /// `limit` events whose steps are all finished (their claim, steps and stored token, and
+    /// their deliveries), rejected deliveries, and the audit records before the first one kept
+    /// — recording the cut in the chain with a `checkpoint` record. Events with ids up to
+    /// `afterEventID` were looked at before. Never drops what is not finished.
+    func prune(before cutoff: Double, limit: Int, afterEventID: Int64) async throws(LedgerError) -> PruneResult
+}
+
+/// What one batch of retention dropped.
+public struct PruneResult: Sendable, Equatable {
+    public var events: Int
+    public var rejections: Int
+    public var auditRecords: Int
+    /// The last event id looked at (the next batch starts after it).
+    public var lastEventID: Int64
+    /// Whether a full batch was found: more may be waiting.
+    public var more: Bool
+
+    public init(events: Int = 0, rejections: Int = 0, auditRecords: Int = 0, lastEventID: Int64, more: Bool = false) {
+        self.events = events
+        self.rejections = rejections
+        self.auditRecords = auditRecords
+        self.lastEventID = lastEventID
+        self.more = more
+    }
+}
+
+/// How retention decides, the same on every back end.
+enum Retention {
+    /// Bytes of a rejected message the ledger keeps beside its SHA-256: enough to see what it
+    /// was, never the whole of a junk message.
+    static let keptRejectedBytes = 1024
+
+    /// The recorded time of an audit record's canonical text (`"recorded_at":"…Z"`), as its
+    /// RFC 3339 text: compared as text with the cutoff's (both UTC with milliseconds).
+    static func recordedAt(_ record: String) -> Substring? {
+        guard let range = record.range(of: "\"recorded_at\":\"") else { return nil }
+        let rest = record[range.upperBound...]
+        return rest.prefix { $0 != "\"" }
+    }
+
+    static func text(_ time: Double) -> String {
+        var out: [UInt8] = []
+        RFC3339.write(time, to: &out)
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    /// How many of `records` (in seq order, after the start; `limit` were asked for) may go:
+    /// the leading run of those recorded before `cutoff` — a record after the cutoff keeps
+    /// everything after it — never the chain's last record (the checkpoint a batch has just
+    /// written is not dropped by the next).
+    static func droppable(_ records: [StoredAuditRecord], before cutoff: Double, limit: Int) -> Int {
+        let bound = text(cutoff)
+        let run = records.prefix { (recordedAt($0.record).map { $0 < bound[...] }) ?? false }.count
+        return records.count < limit && run == records.count ? max(0, run - 1) : run
+    }
+
+    /// The record of a cut: the last record dropped (its seq and hash), and how many were.
+    static func checkpoint(through last: StoredAuditRecord, dropped: Int, events: Int, rejections: Int, cutoff: Double,
+                           at now: Double) -> AuditRecord {
+        AuditRecord(kind: .checkpoint, eventID: nil, source: "retention", receivedAt: cutoff, tokenSHA256: nil,
+                    outcome: "pruned", note: "\(dropped) audit record(s), \(events) event(s) and \(rejections) rejection(s) received "
+                        + "before the cutoff dropped", prunedThroughSeq: last.seq, prunedThroughHash: last.hash, recordedAt: now)
+    }
 }
 
 /// An issuer's signing key as the archive keeps it.
@@ -131,6 +198,9 @@ public struct AuditRecord: Sendable {
         case rejection
         /// An event's failed steps made pending again (`warden replay --apply`).
         case reopened
+        /// Retention dropped the records up to `pruned_through_seq`: the kept chain starts
+        /// after the hash it names.
+        case checkpoint
     }
 
     public struct Step: Sendable, Equatable {
@@ -153,7 +223,8 @@ public struct AuditRecord: Sendable {
     public var eventID: Int64?
     public var source: String
     public var receivedAt: Double
-    public var tokenSHA256: String
+    /// nil for a checkpoint (no message).
+    public var tokenSHA256: String?
     /// nil for a valid token; the RFC 8935 code for a rejected one.
     public var error: (code: String, description: String)?
     public var issuer: String?
@@ -168,14 +239,19 @@ public struct AuditRecord: Sendable {
     public var outcome: String
     public var steps: [Step]
     public var note: String?
+    /// A checkpoint's last dropped record.
+    public var prunedThroughSeq: Int64?
+    public var prunedThroughHash: String?
     public var recordedAt: Double
 
-    public init(kind: Kind, eventID: Int64?, source: String, receivedAt: Double, tokenSHA256: String,
+    public init(kind: Kind, eventID: Int64?, source: String, receivedAt: Double, tokenSHA256: String?,
                 error: (code: String, description: String)? = nil, issuer: String? = nil, jti: String? = nil,
                 eventTypes: [String] = [], subject: String? = nil, keyID: String? = nil, algorithm: String? = nil,
                 keyThumbprint: String? = nil, issuedAt: Double? = nil, outcome: String, steps: [Step] = [],
-                note: String? = nil, recordedAt: Double) {
+                note: String? = nil, prunedThroughSeq: Int64? = nil, prunedThroughHash: String? = nil, recordedAt: Double) {
         self.kind = kind
+        self.prunedThroughSeq = prunedThroughSeq
+        self.prunedThroughHash = prunedThroughHash
         self.eventID = eventID
         self.source = source
         self.receivedAt = receivedAt
@@ -244,6 +320,8 @@ public struct AuditRecord: Sendable {
         w.string("kind", kind.rawValue)
         w.string("note", note)
         w.string("outcome", outcome)
+        w.string("pruned_through_hash", prunedThroughHash)
+        w.integer("pruned_through_seq", prunedThroughSeq)
         w.time("received_at", receivedAt)
         w.time("recorded_at", recordedAt)
         w.integer("seq", seq)
@@ -271,7 +349,7 @@ public struct AuditRecord: Sendable {
         // parsed form, a string comes back byte for byte, where an object's members might not.
         w.string("subject", subject)
         w.string("token_sha256", tokenSHA256)
-        w.string("verdict", error == nil ? "valid" : "invalid")
+        if kind != .checkpoint { w.string("verdict", error == nil ? "valid" : "invalid") }
         w.out.append(UInt8(ascii: "}"))
         return w.out
     }
@@ -409,8 +487,16 @@ public enum AuditChain {
         public private(set) var lastSeq: Int64 = 0
         public private(set) var lastHash = AuditChain.genesis
         public private(set) var broken: Finding? = nil
+        /// Where the kept chain starts (the last record retention dropped), and the newest
+        /// checkpoint record seen: it must name that start.
+        private let start: (seq: Int64, hash: String)
+        private var lastCheckpoint: (seq: Int64, hash: String)? = nil
 
-        public init() {}
+        public init(start: (seq: Int64, hash: String) = (0, AuditChain.genesis)) {
+            self.start = start
+            lastSeq = start.seq
+            lastHash = start.hash
+        }
 
         /// Checks the next record; false once the chain is broken.
         @discardableResult
@@ -432,8 +518,12 @@ public enum AuditChain {
             guard AuditChain.hash(previous: record.previousHash, record: text) == record.hash else {
                 return fail("its content does not hash to its stored hash (the record was changed)")
             }
-            guard Self.seq(inRecord: text) == record.seq else {
+            guard let parsed = Self.parse(text), parsed.seq == record.seq else {
                 return fail("the seq inside the record is not its place in the chain (records were swapped)")
+            }
+            if let through = parsed.checkpoint {
+                guard through.seq < record.seq else { return fail("a checkpoint that names a record after itself") }
+                lastCheckpoint = through
             }
             count += 1
             lastSeq = record.seq
@@ -444,6 +534,17 @@ public enum AuditChain {
         /// The finding once every record is checked, against the head kept beside them.
         public func finish(head: (seq: Int64, hash: String)) -> Finding {
             if let broken { return broken }
+            // Records were dropped: a checkpoint in the kept chain must say where, or the start
+            // was moved by hand (records removed from the front).
+            if start.seq > 0 {
+                guard let checkpoint = lastCheckpoint else {
+                    return .broken(seq: start.seq + 1, reason: "the chain starts after record \(start.seq) but no checkpoint record says so (records removed from the front)")
+                }
+                guard checkpoint.seq == start.seq, checkpoint.hash == start.hash else {
+                    return .broken(seq: start.seq + 1, reason: "the chain starts after record \(start.seq) but its last checkpoint "
+                                   + "dropped up to record \(checkpoint.seq) (the start was moved)")
+                }
+            }
             guard head.seq == lastSeq, head.hash == lastHash else {
                 return .broken(seq: lastSeq + 1,
                                reason: "the chain's head is record \(head.seq) but the records end at \(lastSeq) (records removed from the end)")
@@ -451,9 +552,16 @@ public enum AuditChain {
             return .intact(count: count, head: lastHash)
         }
 
-        static func seq(inRecord text: [UInt8]) -> Int64? {
-            guard case .object(let object)? = try? JSONParser.parse(text), let n = object["seq"]?.numberValue else { return nil }
-            return Int64(exactly: n)
+        static func seq(inRecord text: [UInt8]) -> Int64? { parse(text)?.seq }
+
+        /// The record's own seq and, for a checkpoint, the last record it dropped.
+        static func parse(_ text: [UInt8]) -> (seq: Int64, checkpoint: (seq: Int64, hash: String)?)? {
+            guard case .object(let object)? = try? JSONParser.parse(text), let n = object["seq"]?.numberValue,
+                  let seq = Int64(exactly: n) else { return nil }
+            guard object["kind"]?.stringValue == AuditRecord.Kind.checkpoint.rawValue else { return (seq, nil) }
+            guard let through = object["pruned_through_seq"]?.numberValue.flatMap({ Int64(exactly: $0) }),
+                  let hash = object["pruned_through_hash"]?.stringValue else { return (seq, (seq, "")) }  // refused by the caller
+            return (seq, (through, hash))
         }
     }
 }
@@ -465,8 +573,9 @@ extension AuditingLedger {
     /// records appended meanwhile lie between the two.
     public func checkAuditChain(pageSize: Int = 1000) async throws(LedgerError) -> AuditChain.Finding {
         let before = try await auditHead()
-        var checker = AuditChain.Checker()
-        var after: Int64 = 0
+        let start = try await auditStart()
+        var checker = AuditChain.Checker(start: start)
+        var after: Int64 = start.seq
         pages: while true {
             let page = try await auditRecords(afterSeq: after, limit: pageSize)
             for record in page {

@@ -165,3 +165,71 @@ extension PostgresLedger {
         }
     }
 }
+
+extension PostgresLedger {
+    public func auditStart() async throws(LedgerError) -> (seq: Int64, hash: String) {
+        try await transaction("read the audit start") { connection in
+            for try await (seq, hash) in try await connection.query("SELECT seq, hash FROM audit_start WHERE id = 1", logger: self.logger)
+                .decode((Int64, String).self) { return (seq, hash) }
+            return (0, AuditChain.genesis)
+        }
+    }
+
+    public func prune(before cutoff: Double, limit: Int, afterEventID: Int64) async throws(LedgerError) -> PruneResult {
+        try await transaction("prune") { connection in
+            let now = Date().timeIntervalSince1970
+            // One pruner at a time across replicas: the start's row stays locked until commit.
+            var start: Int64 = 0
+            for try await seq in try await connection.query("SELECT seq FROM audit_start WHERE id = 1 FOR UPDATE", logger: self.logger)
+                .decode(Int64.self) { start = seq }
+            var candidates: [Int64] = [], last = afterEventID, reachedCutoff = false, looked = 0
+            for try await (id, received, outcome) in try await connection.query("""
+                SELECT id, received_at, outcome FROM events WHERE id > \(afterEventID) ORDER BY id LIMIT \(limit)
+                """, logger: self.logger).decode((Int64, Double, String).self) {
+                looked += 1
+                if reachedCutoff { continue }
+                if received >= cutoff {
+                    reachedCutoff = true
+                    continue
+                }
+                last = id
+                if outcome != EventOutcome.pending.rawValue { candidates.append(id) }
+            }
+            var unfinished = Set<Int64>()
+            if !candidates.isEmpty {
+                for try await id in try await connection.query("""
+                    SELECT DISTINCT event_id FROM steps WHERE status = 'pending' AND event_id = ANY(\(candidates))
+                    """, logger: self.logger).decode(Int64.self) { unfinished.insert(id) }
+            }
+            let dropped = candidates.filter { !unfinished.contains($0) }
+            if !dropped.isEmpty {
+                try await connection.query("DELETE FROM steps WHERE event_id = ANY(\(dropped))", logger: self.logger)
+                try await connection.query("DELETE FROM deliveries WHERE event_id = ANY(\(dropped))", logger: self.logger)
+                try await connection.query("DELETE FROM events WHERE id = ANY(\(dropped))", logger: self.logger)
+            }
+            var rejections = 0
+            for try await _ in try await connection.query("""
+                DELETE FROM deliveries WHERE id IN
+                    (SELECT id FROM deliveries WHERE event_id IS NULL AND received_at < \(cutoff) ORDER BY id LIMIT \(limit))
+                RETURNING id
+                """, logger: self.logger).decode(Int64.self) { rejections += 1 }
+            var records: [StoredAuditRecord] = []
+            for try await (seq, record, previous, hash) in try await connection.query("""
+                SELECT seq, record, prev_hash, hash FROM audit_records WHERE seq > \(start) ORDER BY seq LIMIT \(limit)
+                """, logger: self.logger).decode((Int64, String, String, String).self) {
+                records.append(StoredAuditRecord(seq: seq, record: record, previousHash: previous, hash: hash))
+            }
+            let droppable = Retention.droppable(records, before: cutoff, limit: limit)
+            if droppable > 0 {
+                let through = records[droppable - 1]
+                try await connection.query("DELETE FROM audit_records WHERE seq <= \(through.seq)", logger: self.logger)
+                try await connection.query("UPDATE audit_start SET seq = \(through.seq), hash = \(through.hash) WHERE id = 1",
+                                           logger: self.logger)
+                try await self.append([Retention.checkpoint(through: through, dropped: droppable, events: dropped.count,
+                                                            rejections: rejections, cutoff: cutoff, at: now)], on: connection)
+            }
+            let more = (looked == limit && !reachedCutoff) || rejections == limit || droppable == limit
+            return PruneResult(events: dropped.count, rejections: rejections, auditRecords: droppable, lastEventID: last, more: more)
+        }
+    }
+}

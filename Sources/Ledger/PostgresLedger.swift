@@ -142,6 +142,11 @@ public final class PostgresLedger: AuditingLedger {
             "ALTER TABLE deliveries ADD COLUMN token_sha256 TEXT",
             "CREATE INDEX deliveries_rejected ON deliveries(token_sha256) WHERE token_sha256 IS NOT NULL",
         ]),
+        // Retention: where the kept audit chain starts once older records are dropped.
+        ("v6-retention", [
+            "CREATE TABLE audit_start (id INTEGER PRIMARY KEY CHECK (id = 1), seq BIGINT NOT NULL, hash TEXT NOT NULL)",
+            "INSERT INTO audit_start (id, seq, hash) VALUES (1, 0, '\(AuditChain.genesis)')",
+        ]),
     ]
 
     private func migrate() async throws {
@@ -229,7 +234,7 @@ public final class PostgresLedger: AuditingLedger {
     }
 
     private func insert(_ r: Rejection, on connection: PostgresConnection) async throws {
-        let token = ByteBuffer(bytes: r.token)
+        let token = ByteBuffer(bytes: r.token.prefix(Retention.keptRejectedBytes))
         try await connection.query("""
             INSERT INTO deliveries (event_id, source, received_at, verdict, error_code, error_description, token, token_sha256)
             VALUES (NULL, \(r.source), \(r.receivedAt), 'invalid', \(r.code), \(storable(r.description)), \(token),

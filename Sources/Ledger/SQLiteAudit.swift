@@ -192,3 +192,74 @@ extension SQLiteLedger {
         }
     }
 }
+
+extension SQLiteLedger {
+    public func auditStart() async throws(LedgerError) -> (seq: Int64, hash: String) {
+        try reader.read { db in
+            guard let row = try Row.fetchOne(db, sql: "SELECT seq, hash FROM audit_start WHERE id = 1") else { return (0, AuditChain.genesis) }
+            return (row[0], row[1])
+        }
+    }
+
+    public func prune(before cutoff: Double, limit: Int, afterEventID: Int64) async throws(LedgerError) -> PruneResult {
+        try await writer.submit { db in
+            let now = Date().timeIntervalSince1970
+            // The oldest events after the cursor, up to the first received at or after the cutoff.
+            var candidates: [Int64] = [], last = afterEventID, reachedCutoff = false
+            let rows = try Row.fetchAll(db, sql: "SELECT id, received_at, outcome FROM events WHERE id > ? ORDER BY id LIMIT ?",
+                                        arguments: [afterEventID, limit])
+            for row in rows {
+                let received: Double = row[1]
+                if received >= cutoff {
+                    reachedCutoff = true
+                    break
+                }
+                last = row[0]
+                if (row[2] as String) != EventOutcome.pending.rawValue { candidates.append(row[0]) }
+            }
+            // An event with a step still pending is not finished, whatever its outcome says.
+            var dropped: [Int64] = []
+            for chunk in candidates.chunks(of: 400) {
+                let marks = databaseQuestionMarks(count: chunk.count)
+                let unfinished = Set(try Int64.fetchAll(db, sql: "SELECT DISTINCT event_id FROM steps WHERE status = 'pending' AND event_id IN (\(marks))",
+                                                        arguments: StatementArguments(chunk)))
+                let ids = chunk.filter { !unfinished.contains($0) }
+                guard !ids.isEmpty else { continue }
+                let idMarks = databaseQuestionMarks(count: ids.count)
+                for table in ["steps", "event_tokens", "deliveries"] {
+                    try db.execute(sql: "DELETE FROM \(table) WHERE event_id IN (\(idMarks))", arguments: StatementArguments(ids))
+                }
+                try db.execute(sql: "DELETE FROM events WHERE id IN (\(idMarks))", arguments: StatementArguments(ids))
+                dropped += ids
+            }
+            try db.execute(sql: """
+                DELETE FROM deliveries WHERE id IN
+                    (SELECT id FROM deliveries WHERE event_id IS NULL AND received_at < ? ORDER BY id LIMIT ?)
+                """, arguments: [cutoff, limit])
+            let rejections = db.changesCount
+            // Audit records recorded before the cutoff, from the start of the kept chain.
+            let start = try Row.fetchOne(db, sql: "SELECT seq FROM audit_start WHERE id = 1").map { $0[0] as Int64 } ?? 0
+            let records = try Row.fetchAll(db, sql: "SELECT seq, record, prev_hash, hash FROM audit_records WHERE seq > ? ORDER BY seq LIMIT ?",
+                                           arguments: [start, limit])
+                .map { StoredAuditRecord(seq: $0[0], record: $0[1], previousHash: $0[2], hash: $0[3]) }
+            let droppable = Retention.droppable(records, before: cutoff, limit: limit)
+            if droppable > 0 {
+                let through = records[droppable - 1]
+                try db.execute(sql: "DELETE FROM audit_records WHERE seq <= ?", arguments: [through.seq])
+                try db.execute(sql: "UPDATE audit_start SET seq = ?, hash = ? WHERE id = 1", arguments: [through.seq, through.hash])
+                var audit = SQLiteAuditAppender()
+                audit.append(Retention.checkpoint(through: through, dropped: droppable, events: dropped.count, rejections: rejections,
+                                                  cutoff: cutoff, at: now))
+                try audit.commit(in: db)
+            }
+            let more = (rows.count == limit && !reachedCutoff) || rejections == limit || droppable == limit
+            return PruneResult(events: dropped.count, rejections: rejections, auditRecords: droppable, lastEventID: last, more: more)
+        }
+    }
+}
+
+extension Array {
+    func chunks(of size: Int) -> [ArraySlice<Element>] {
+        stride(from: 0, to: count, by: size).map { self[$0..<Swift.min($0 + size, count)] }
+    }
+}

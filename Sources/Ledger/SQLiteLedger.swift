@@ -199,6 +199,17 @@ public final class SQLiteLedger: AuditingLedger {
                 CREATE INDEX deliveries_rejected ON deliveries(token_sha256) WHERE token_sha256 IS NOT NULL;
                 """)
         }
+        // Retention: where the kept audit chain starts once older records are dropped.
+        migrator.registerMigration("v7-retention") { db in
+            try db.execute(sql: """
+                CREATE TABLE audit_start (
+                    id INTEGER PRIMARY KEY CHECK (id = 1),
+                    seq INTEGER NOT NULL,
+                    hash TEXT NOT NULL
+                );
+                INSERT INTO audit_start (id, seq, hash) VALUES (1, 0, '\(AuditChain.genesis)');
+                """)
+        }
         return migrator
     }
 
@@ -328,7 +339,7 @@ public final class SQLiteLedger: AuditingLedger {
             INSERT INTO deliveries (event_id, source, received_at, verdict, error_code, error_description, token, token_sha256)
             VALUES (NULL, ?, ?, 'invalid', ?, ?, ?, ?)
             """).execute(arguments: [rejection.source, rejection.receivedAt, rejection.code, rejection.description,
-                                     Data(rejection.token), AuditChain.sha256Hex(rejection.token)])
+                                     Data(rejection.token.prefix(Retention.keptRejectedBytes)), AuditChain.sha256Hex(rejection.token)])
     }
 
     public func record(outcome: EventOutcome, forEvent eventID: Int64) async throws(LedgerError) {

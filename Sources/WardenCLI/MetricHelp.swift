@@ -27,6 +27,7 @@ enum MetricHelp {
         "warden_push_bytes_total": "Bytes of pushed bodies taken.",
         "warden_push_produce_failures_total": "Pushed SETs Kafka did not confirm.",
         "warden_poll_requests_total": "Poll requests made, by issuer and result.",
+        "warden_ledger_pruned_total": "Rows dropped by ledger retention, by what (events, rejections, audit_records).",
         "warden_stream_status": "1 for the stream's current status at its transmitter, 0 for the others.",
     ]
 

@@ -244,6 +244,10 @@ struct Worker {
                 .init(service: CloseOnShutdown { try? await client.shutdown() }),
                 .init(service: KeyPreload(issuers: issuers, logger: logger)),
                 .init(service: ConfigurationReload(path: configPath, running: configuration, planner: engine.engine.planner, logger: logger)),
+            ] + (configuration.ledgerRetention.map { retention in
+                [.init(service: Prepared(prepare: openLedger,
+                                         service: LedgerPruner(ledger: ledger, retention: retention, metrics: metrics, logger: logger)))]
+            } ?? []) + [
                 .init(service: http),
                 .init(service: Prepared(prepare: openLedger, service: intake), successTerminationBehavior: .gracefullyShutdownGroup,
                       failureTerminationBehavior: .gracefullyShutdownGroup),

@@ -21,6 +21,8 @@ public struct WardenConfiguration: Sendable {
     public var streams: [StreamConfiguration] = []
     /// `logging: {level: …}`; `WARDEN_LOG_LEVEL` wins over it.
     public var logLevel: Logger.Level? = nil
+    /// `ledger.retention`, seconds; nil keeps everything.
+    public var ledgerRetention: Double? = nil
 
     /// The streams `warden run` polls (`delivery: {method: poll}`).
     public var pollStreams: [StreamConfiguration] {
@@ -78,7 +80,8 @@ public struct WardenConfiguration: Sendable {
             http: try HTTPSettings.parse(root.child("http")), receiver: try ReceiverSettings.parse(root.child("receiver")),
             ledger: root.child("ledger").isPresent ? try LedgerLocation.parse(root.child("ledger")) : nil,
             invalidation: try InvalidationConfiguration.parse(root), streams: streams,
-            logLevel: try logLevel(root.child("logging")))
+            logLevel: try logLevel(root.child("logging")),
+            ledgerRetention: try LedgerLocation.retention(root.child("ledger"), issuers: issuers))
         try checkEnvironment(root)
         return configuration
     }

@@ -2,6 +2,7 @@ public import Ledger
 public import Pipeline
 import Kafka
 import Foundation
+import TokenVerification
 
 /// The `kafka:` section.
 public struct KafkaSettings: Sendable, Equatable {
@@ -163,10 +164,11 @@ public enum LedgerLocation: Sendable, Equatable {
     /// `postgres://user[:password]@host[:port]/database`: shared by every replica.
     case postgres(PostgresLedger.Location)
 
-    /// `ledger: URL`, or `ledger: {url: URL, password-file: …}` (PostgreSQL's password from a file).
+    /// `ledger: URL`, or `ledger: {url: URL, password-file: …, retention: 90d}` (PostgreSQL's
+    /// password from a file; retention read by `retention(_:)`).
     static func parse(_ r: ConfigReader) throws(ConfigError) -> LedgerLocation {
         guard case .map = r.tree else { return try parseURL(r) }
-        try r.requireOnly(["url", "password", "password-file"])
+        try r.requireOnly(["url", "password", "password-file", "retention"])
         let location = try parseURL(r.child("url"))
         guard let password = try r.secret("password") else { return location }
         guard case .postgres(var postgres) = location else {
@@ -175,6 +177,20 @@ public enum LedgerLocation: Sendable, Equatable {
         if postgres.password != nil { throw r.child("url").error("gives a password too: give it in one place") }
         postgres.password = password
         return .postgres(postgres)
+    }
+
+    /// `ledger.retention`: how long de-duplication claims, outbox rows, stored tokens and audit
+    /// records are kept. Every issuer must refuse tokens older than it (`max-age` at most the
+    /// retention): a token whose claim was dropped would otherwise be acted on again.
+    static func retention(_ r: ConfigReader, issuers: [IssuerPolicy]) throws(ConfigError) -> Double? {
+        guard case .map = r.tree, let retention = try r.child("retention").duration() else { return nil }
+        guard retention >= 1 else { throw r.child("retention").error("must be at least 1s") }
+        for issuer in issuers where (issuer.maximumAge ?? .infinity) > retention {
+            throw r.child("retention").error("is shorter than the max-age of \(issuer.issuer) (\(issuer.maximumAge.map { "\(Int($0)) s" } ?? "none set")): "
+                                             + "a token older than the retention would be acted on again once its claim is dropped; "
+                                             + "give that issuer a max-age no longer than the retention")
+        }
+        return retention
     }
 
     static func parseURL(_ r: ConfigReader) throws(ConfigError) -> LedgerLocation {

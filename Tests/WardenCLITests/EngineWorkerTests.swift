@@ -446,4 +446,39 @@ extension EngineWorkerTests {
         #expect(worker.isRunning)
         #expect(await worker.terminate() == 0)
     }
+
+    // Retention while the worker runs: old finished events, their steps and the audit records
+    // before the cut go; the audit log still verifies (a checkpoint record); the worker goes on.
+    @Test func retentionPrunesWhileTheWorkerRunsAndTheAuditLogStillVerifies() async throws {
+        let redis = try await RedisServer()
+        let setup = try WorkerTests.Setup(keySource: "jwks-file: jwks.json\n    max-age: 8s",
+                                          ledger: "{url: \"sqlite:ledger.sqlite\", retention: 8s}", extra: """
+            targets:
+              sessions: {redis: "redis://127.0.0.1:\(redis.port)/0"}
+            """)
+        defer { setup.cleanUp() }
+        let worker = try WorkerProcess(config: setup.config)
+        let port = try await worker.httpPort()
+        // Tokens are minted once the worker consumes: their max-age is short.
+        try await WorkerTests.waitFor("the partitions assigned") { worker.standardError.contains("partitions assigned") }
+        try await WorkerTests.produce(setup.cluster.bootstrapServers,
+                                      try (0..<6).map { ("r\($0)", try token(.sessionsRevoked, subject: "r\($0)")) })
+        defer { if worker.isRunning { print(worker.standardError.suffix(3000)) } }
+        try await WorkerTests.waitFor("six events processed") {
+            try SQLiteLedgerReader(path: setup.ledgerPath).events().filter { $0.outcome == "processed" }.count == 6
+        }
+        try await WorkerTests.waitFor("the events pruned once older than the retention") {
+            try SQLiteLedgerReader(path: setup.ledgerPath).events().isEmpty
+        }
+        let metrics = try await WorkerTests.httpGet(port, "/metrics").1
+        #expect(metrics.contains(#"warden_ledger_pruned_total{what="events"} 6"#), "\(metrics)")
+        let verified = try await Warden.run(["audit", "verify", "--config", setup.config.path])
+        #expect(verified.status == 0, "\(verified.stdout) \(verified.stderr)")
+        #expect(verified.stdout.hasPrefix("audit log intact"))
+        // New events after the cut are taken as ever.
+        try await WorkerTests.produce(setup.cluster.bootstrapServers, [("r9", try token(.sessionsRevoked, subject: "r9"))])
+        try await WorkerTests.waitFor("the next event") { try SQLiteLedgerReader(path: setup.ledgerPath).events().count == 1 }
+        #expect(await worker.terminate() == 0)
+        #expect(try await Warden.run(["audit", "verify", "--config", setup.config.path]).status == 0)
+    }
 }

@@ -88,6 +88,21 @@ struct OperatorConfigurationTests {
         #expect(try parse("ledger: \"sqlite:ledger.sqlite\"\n").ledger != nil)
     }
 
+    @Test func retentionNeedsEveryIssuerToRefuseTokensOlderThanIt() throws {
+        #expect(try parse("ledger: \"sqlite:l.sqlite\"\n").ledgerRetention == nil)
+        #expect(error("ledger: {url: \"sqlite:l.sqlite\", retention: 90d}\n")
+            .contains("ledger.retention: is shorter than the max-age of https://accounts.google.com/ (none set)"))
+        let withMaxAge = Self.issuer.replacingOccurrences(of: "audiences: [app]", with: "audiences: [app]\n    max-age: 7d")
+        let c = try WardenConfiguration.parse(yaml: withMaxAge + "ledger: {url: \"sqlite:l.sqlite\", retention: 90d}\n")
+        #expect(c.ledgerRetention.map { abs($0 - 7_776_000) < 0.001 } == true, "\(String(describing: c.ledgerRetention))")
+        #expect(throws: ConfigError.self) {
+            try WardenConfiguration.parse(yaml: withMaxAge + "ledger: {url: \"sqlite:l.sqlite\", retention: 1d}\n")
+        }
+        #expect(throws: ConfigError.self) {
+            try WardenConfiguration.parse(yaml: withMaxAge + "ledger: {url: \"sqlite:l.sqlite\", retention: soon}\n")
+        }
+    }
+
     @Test func configFromTheEnvironmentAndVersion() async throws {
         let directory = try Scratch.directory("warden-config-env")
         let path = directory.appendingPathComponent("warden.yaml").path

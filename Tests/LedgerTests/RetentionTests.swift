@@ -1,0 +1,104 @@
+import Foundation
+@testable import Ledger
+import SecurityEvents
+import Testing
+import WardenTestSupport
+
+/// Retention on every back end: what is old and finished goes, in small batches; what is not
+/// finished stays; the audit chain stays provable across the cut, and moving its start is named.
+@Suite("Ledger retention, every back end", .serialized)
+struct RetentionTests {
+    typealias E = SQLiteLedgerTests
+    let audit = AuditTrailTests()
+
+    /// Runs SQL behind the ledger's back and returns what it printed.
+    func query(_ storage: LedgerUnderTest, _ sql: String) async throws -> String {
+        switch storage.backend {
+        case .sqlite: try await runProgram("/usr/bin/sqlite3", [storage.path, sql])
+        case .postgres: try await storage.server!.psql(storage.database, sql)
+        }
+    }
+
+    /// Prunes in batches of `limit` until nothing more is found, adding up what went.
+    func pruneAll(_ ledger: any AuditingLedger, before cutoff: Double, limit: Int) async throws -> PruneResult {
+        var total = PruneResult(lastEventID: 0), after: Int64 = 0, passes = 0
+        while true {
+            let result = try await ledger.prune(before: cutoff, limit: limit, afterEventID: after)
+            total.events += result.events
+            total.rejections += result.rejections
+            total.auditRecords += result.auditRecords
+            after = result.lastEventID
+            passes += 1
+            if !result.more || passes > 100 { return total }
+        }
+    }
+
+    @Test(arguments: Backend.allCases) func oldFinishedEventsGoAndTheChainStaysProvable(_ backend: Backend) async throws {
+        let storage = try await LedgerUnderTest(backend)
+        // Received at 1_800_000_001…2: plain (processed) and its duplicate, a rejection, acted
+        // (its steps finished), nobody (unresolved).
+        let ledger = try await audit.populated(storage)
+        // Old but not finished: a step still pending.
+        _ = try await ledger.claim(E.event(jti: "waiting"), outcome: .pending, steps: [OutboxStep(index: 0, kind: "purge-set", action: "{}")])
+        // Received after the cutoff.
+        var late = E.event(jti: "late")
+        late.receivedAt = 1_900_000_000
+        _ = try await ledger.record([.event(late, outcome: .processed, steps: [])])
+        // A rejected message keeps a bounded part of itself, and its digest.
+        let junk = [UInt8](repeating: UInt8(ascii: "x"), count: 5000)
+        try await ledger.recordRejection(Rejection(token: junk, source: "push", code: "invalid_request", description: "junk",
+                                                   receivedAt: 1_900_000_000))
+        let kept = try await query(storage, storage.backend == .sqlite
+                                   ? "SELECT max(length(token)) FROM deliveries WHERE verdict = 'invalid'"
+                                   : "SELECT max(octet_length(token)) FROM deliveries WHERE verdict = 'invalid'")
+        #expect(kept == "\(Retention.keptRejectedBytes)")
+        #expect(try await ledger.rejectedDigests([AuditChain.sha256Hex(junk)]) == [AuditChain.sha256Hex(junk)])
+
+        let head = try await ledger.auditHead()
+        let total = try await pruneAll(ledger, before: 1_800_000_005, limit: 2)
+        // plain and acted; nobody (unresolved) still has its step pending — resumed at the next
+        // start, so not finished — and stays with waiting.
+        #expect(total.events == 2)
+        #expect(total.rejections == 1)  // the old one; the junk came after the cutoff
+        let keys = ["plain", "acted", "nobody", "waiting", "late"].map { EventKey(issuer: "https://issuer.example/", jti: $0) }
+        let states = try await ledger.eventStates(keys)
+        #expect(Set(states.keys.map(\.jti)) == ["nobody", "waiting", "late"])
+        #expect(try await query(storage, "SELECT count(*) FROM deliveries") == "1")  // the junk's
+
+        // Every record was written before the (future) cutoff: all went but the last checkpoint.
+        let start = try await ledger.auditStart()
+        let headAfter = try await ledger.auditHead()
+        #expect(start.seq > 0 && start.seq < headAfter.seq)
+        #expect(total.auditRecords >= Int(head.seq))
+        guard case .intact(let count, _) = try await ledger.checkAuditChain() else {
+            Issue.record("the chain must verify across the cut: \(try await ledger.checkAuditChain())"); return
+        }
+        #expect(count == 1)
+        let checkpoint = try #require(try await audit.records(ledger).last)
+        #expect(checkpoint["kind"]?.stringValue == "checkpoint")
+        #expect(checkpoint["pruned_through_seq"]?.numberValue == Double(start.seq))
+        #expect(checkpoint["pruned_through_hash"]?.stringValue == start.hash)
+
+        // New records go on from the checkpoint; the chain still verifies.
+        _ = try await ledger.record([.event(E.event(jti: "after"), outcome: .processed, steps: [])])
+        let newHead = try await ledger.auditHead()
+        #expect(try await ledger.checkAuditChain() == .intact(count: 2, head: newHead.hash))
+
+        // Nothing left to prune: nothing changes.
+        let again = try await pruneAll(ledger, before: 1_800_000_005, limit: 100)
+        #expect(again.events == 0 && again.rejections == 0)
+    }
+
+    @Test(arguments: Backend.allCases) func movingTheStartIsNamed(_ backend: Backend) async throws {
+        let storage = try await LedgerUnderTest(backend)
+        let ledger = try await audit.populated(storage)
+        _ = try await pruneAll(ledger, before: 1_800_000_005, limit: 3)
+        guard case .intact = try await ledger.checkAuditChain() else { Issue.record("intact after the cut"); return }
+        // Someone moves the start back onto a record that was dropped and "restores" it.
+        try await audit.tamper(storage, "UPDATE audit_start SET seq = seq - 1")
+        guard case .broken(_, let reason) = try await ledger.checkAuditChain() else {
+            Issue.record("a moved start must be named"); return
+        }
+        #expect(reason.contains("missing") || reason.contains("start"), "\(reason)")
+    }
+}
