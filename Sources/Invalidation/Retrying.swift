@@ -76,6 +76,18 @@ public protocol StepObserver: Sendable {
     func deadLettered()
     /// A step's outcome became durable this long after its target answered.
     func outcomeDurable(after wait: Duration)
+    /// A target answered a step of `kind` this many seconds after it was called.
+    func stepTook(kind: String, seconds: Double)
+    /// Every step of an event is done, this many seconds after the event arrived.
+    func eventDone(afterArrival seconds: Double)
+    /// Whether the target's breaker is open (the target resting) after its last answer.
+    func breaker(target: String, open: Bool)
+}
+
+extension StepObserver {
+    public func stepTook(kind: String, seconds: Double) {}
+    public func eventDone(afterArrival seconds: Double) {}
+    public func breaker(target: String, open: Bool) {}
 }
 
 /// Calls something until it succeeds: backing off between failures a retry may mend, giving up

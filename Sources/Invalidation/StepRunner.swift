@@ -155,9 +155,12 @@ public struct EventSteps: Sendable {
     public var message: [UInt8]
     public var source: String
     public var permit: any ActionPermit
+    /// When the event arrived (seconds since 1970), for `warden_event_to_done_seconds`; 0 if unknown.
+    public var receivedAt: Double
 
     public init(eventID: Int64, steps: [JournalStep]?, planned: [PlannedStep], context: StepContext, outcomeIfDone: EventEnd,
-                leasedUntil: Double, message: [UInt8], source: String, permit: any ActionPermit) {
+                leasedUntil: Double, message: [UInt8], source: String, permit: any ActionPermit, receivedAt: Double = 0) {
+        self.receivedAt = receivedAt
         self.eventID = eventID
         self.steps = steps
         self.planned = planned
@@ -314,6 +317,9 @@ public struct StepRunner: Sendable {
     }
 
     private func logFinished(_ event: EventSteps, _ outcome: EventEnd) {
+        if outcome == .processed, event.receivedAt > 0 {
+            observer.eventDone(afterArrival: max(0, Date().timeIntervalSince1970 - event.receivedAt))
+        }
         logger.info("event's steps finished", metadata: [
             "warden.event_id": "\(event.eventID)", "warden.outcome": "\(outcome.rawValue)", "warden.source": "\(event.source)",
         ])
@@ -486,6 +492,8 @@ public struct StepRunner: Sendable {
         } else {
             breakers.record(target, reachable: true)
         }
+        observer.breaker(target: target, open: breakers.isOpen(target))
+        observer.stepTook(kind: step.kind, seconds: max(0, breakers.currentTime - calledAt))
         observer.stepAnswered(kind: step.kind, result: outcome.result)
         // Built only for a message that is logged (a step is run for every event).
         func about() -> Logger.Metadata { [

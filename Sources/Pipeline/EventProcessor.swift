@@ -426,7 +426,7 @@ public struct EventProcessor: Sendable {
         EventSteps(
             eventID: work.eventID, steps: work.isNew ? work.steps.map(JournalStep.init) : nil, planned: work.planned,
             context: work.context, outcomeIfDone: work.outcomeIfDone, leasedUntil: work.leasedUntil, message: work.message.value,
-            source: work.message.source, permit: work.record.acknowledgement)
+            source: work.message.source, permit: work.record.acknowledgement, receivedAt: work.message.receivedAt)
     }
 
     private func disposition(of work: Work, _ end: EventEnd?) async -> Disposition {
@@ -599,4 +599,9 @@ extension WardenMetrics: StepObserver {
     public func failedForGood(_ what: String) { counter("warden_permanent_failures_total", [("what", what)]).increment() }
     public func stepAnswered(kind: String, result: String) { step(kind: kind, result: result) }
     public func outcomeDurable(after wait: Duration) { stepRecordSeconds.record(wait) }
+    public func stepTook(kind: String, seconds: Double) {
+        timer("warden_step_duration_seconds", [("kind", kind)]).recordNanoseconds(Int64(min(seconds, 1e9) * 1e9))
+    }
+    public func eventDone(afterArrival seconds: Double) { eventToDone.recordNanoseconds(Int64(min(seconds, 1e9) * 1e9)) }
+    public func breaker(target: String, open: Bool) { gauge("warden_circuit_breaker_open", [("target", target)]).record(open ? 1 : 0) }
 }

@@ -7,6 +7,9 @@ public final class WardenMetrics: Sendable {
     let factory: any MetricsFactory
     private let counters = MetricCache<Counter>()
     private let gauges = MetricCache<Gauge>()
+    private let timers = MetricCache<Timer>()
+    /// From an event's arrival to its last step done.
+    let eventToDone: Timer
     let verifySeconds: Timer
     /// From a target's answer to a step until its outcome is durable in the ledger.
     let stepRecordSeconds: Timer
@@ -21,6 +24,7 @@ public final class WardenMetrics: Sendable {
         self.factory = factory
         self.verifySeconds = Timer(label: "warden_verify_seconds", dimensions: [], factory: factory)
         self.stepRecordSeconds = Timer(label: "warden_step_record_seconds", dimensions: [], factory: factory)
+        self.eventToDone = Timer(label: "warden_event_to_done_seconds", dimensions: [], factory: factory)
         self.receivedFromKafka = Counter(label: "warden_events_received_total", dimensions: [("source", "kafka")], factory: factory)
         self.outcomes = Dictionary(uniqueKeysWithValues: ["pending", "processed", "duplicate", "invalid", "failed"].map {
             ($0, Counter(label: "warden_events_total", dimensions: [("outcome", $0)], factory: factory))
@@ -35,6 +39,15 @@ public final class WardenMetrics: Sendable {
     public func counter(_ name: String, _ dimensions: [(String, String)] = []) -> Counter {
         counters.get(name, dimensions) { Counter(label: name, dimensions: dimensions, factory: factory) }
     }
+
+    func timer(_ name: String, _ dimensions: [(String, String)]) -> Timer {
+        timers.get(name, dimensions) { Timer(label: name, dimensions: dimensions, factory: factory) }
+    }
+
+    /// Buckets for `warden_event_to_done_seconds` and `warden_step_duration_seconds`: from a
+    /// few milliseconds to half an hour (a target resting behind its breaker, retries).
+    public static let latencyBuckets: [Duration] = [5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 30_000, 60_000, 300_000, 1_800_000]
+        .map { .milliseconds($0) }
 
     func gauge(_ name: String, _ dimensions: [(String, String)]) -> Gauge {
         gauges.get(name, dimensions) { Gauge(label: name, dimensions: dimensions, factory: factory) }
@@ -60,6 +73,21 @@ public final class WardenMetrics: Sendable {
     func pushAnswered(_ status: Int) { counter("warden_push_requests_total", [("status", "\(status)")]).increment() }
     /// Bytes of pushed bodies taken (`warden_push_bytes_total`).
     func pushBytes(_ count: Int) { counter("warden_push_bytes_total").increment(by: count) }
+    /// `warden_jwks_fetches_total{issuer,result}` brought up to the key cache's own counts
+    /// (this adds what is new since the last call).
+    public func jwksFetches(issuer: String, successes ok: Int, failures: Int) {
+        let (newOK, newErrors) = jwksSeen.withLock { seen -> (Int, Int) in
+            let before = seen[issuer] ?? (0, 0)
+            seen[issuer] = (max(ok, before.0), max(failures, before.1))
+            return (max(0, ok - before.0), max(0, failures - before.1))
+        }
+        let ok = counter("warden_jwks_fetches_total", [("issuer", issuer), ("result", "ok")])
+        let error = counter("warden_jwks_fetches_total", [("issuer", issuer), ("result", "error")])
+        if newOK > 0 { ok.increment(by: newOK) }
+        if newErrors > 0 { error.increment(by: newErrors) }
+    }
+    private let jwksSeen = Mutex<[String: (Int, Int)]>([:])
+
     /// `warden_build_info{version} 1`.
     public func buildInfo(version: String) { gauge("warden_build_info", [("version", version)]).record(1) }
     /// `warden_keys_age_seconds{issuer}`: since the issuer's keys were last fetched.

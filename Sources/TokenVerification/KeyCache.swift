@@ -121,8 +121,11 @@ public actor IssuerKeyCache {
     private var lastFailure: String?
     private var discoveredJWKS: (url: URL, expiresAt: Double)?
     /// Counts of fetch outcomes, for metrics and tests.
-    public private(set) var fetchCount = 0
-    public private(set) var failureCount = 0
+    /// Fetches made and failed so far, readable without waiting for the actor (metrics).
+    private let fetches = Atomic<Int>(0), failures = Atomic<Int>(0), successes = Atomic<Int>(0)
+    public nonisolated var fetchCount: Int { fetches.load(ordering: .relaxed) }
+    public nonisolated var successCount: Int { successes.load(ordering: .relaxed) }
+    public nonisolated var failureCount: Int { failures.load(ordering: .relaxed) }
 
     public init(issuer: String, source: KeySource, settings: KeyCacheSettings, fetcher: any KeyDocumentFetching,
                 clock: WallClock = .system, logger: Logger, archive: (any KeyArchiving)? = nil) {
@@ -210,7 +213,7 @@ public actor IssuerKeyCache {
     }
 
     private func performFetch() async {
-        fetchCount += 1
+        fetches.add(1, ordering: .relaxed)
         do {
             let jwksURL = try await currentJWKSURL()
             let document = try await fetcher.fetch(jwksURL, timeout: settings.fetchTimeout,
@@ -234,6 +237,7 @@ public actor IssuerKeyCache {
             let snapshot = KeySnapshot(keys: keys, fetchedAt: now, expiresAt: now + lifetime,
                                        usableUntil: now + lifetime + settings.maximumStaleness)
             published.withLock { $0 = snapshot }
+            successes.add(1, ordering: .relaxed)
             lastFailure = nil
             if let archive {
                 // Beside the verifications waiting for these keys, never in their way.
@@ -249,7 +253,7 @@ public actor IssuerKeyCache {
             logger.debug("keys loaded", metadata: ["warden.issuer": "\(issuer)", "warden.keys": "\(keys.usableKeys.count)",
                                                    "warden.lifetime_s": "\(Int(lifetime))"])
         } catch {
-            failureCount += 1
+            failures.add(1, ordering: .relaxed)
             lastFailure = "\(error)"
             let stale = currentSnapshot() != nil
             logger.error("key refresh failed", metadata: ["warden.issuer": "\(issuer)", "warden.error": "\(error)",

@@ -28,6 +28,10 @@ enum MetricHelp {
         "warden_push_produce_failures_total": "Pushed SETs Kafka did not confirm.",
         "warden_poll_requests_total": "Poll requests made, by issuer and result.",
         "warden_ledger_pruned_total": "Rows dropped by ledger retention, by what (events, rejections, audit_records).",
+        "warden_event_to_done_seconds": "From an event's arrival to its last step done.",
+        "warden_step_duration_seconds": "From a step's call to its target's answer, by kind.",
+        "warden_circuit_breaker_open": "1 while the target rests behind its open circuit breaker, 0 otherwise.",
+        "warden_jwks_fetches_total": "Key set fetches, by issuer and result (ok, error).",
         "warden_stream_status": "1 for the stream's current status at its transmitter, 0 for the others.",
     ]
 

@@ -118,6 +118,8 @@ struct Worker {
         let registry = PrometheusCollectorRegistry()
         var factory = PrometheusMetricsFactory(registry: registry)
         factory.durationHistogramBuckets["warden_step_record_seconds"] = WardenMetrics.stepRecordBuckets
+        factory.durationHistogramBuckets["warden_event_to_done_seconds"] = WardenMetrics.latencyBuckets
+        factory.durationHistogramBuckets["warden_step_duration_seconds"] = WardenMetrics.latencyBuckets
         let metrics = WardenMetrics(factory: factory)
         metrics.buildInfo(version: WardenVersion.current)
 
@@ -218,6 +220,7 @@ struct Worker {
             metricsText: {
                 let now = Date().timeIntervalSince1970
                 for issuer in issuers {
+                    metrics.jwksFetches(issuer: issuer.policy.issuer, successes: issuer.keys.successCount, failures: issuer.keys.failureCount)
                     // Pinned keys (fetchedAt 0) are never fetched: no age to show.
                     if let snapshot = issuer.keys.currentSnapshot(), snapshot.fetchedAt > 0 {
                         metrics.keysAge(issuer: issuer.policy.issuer, seconds: max(0, now - snapshot.fetchedAt))

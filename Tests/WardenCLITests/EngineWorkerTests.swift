@@ -393,6 +393,11 @@ extension EngineWorkerTests {
             try SQLiteLedgerReader(path: setup.ledgerPath).events().first?.outcome == "processed"
         }
         try await WorkerTests.waitFor("/healthz ok again") { try await WorkerTests.httpGet(port, "/healthz").0 == 200 }
+        // The event's time to done, the step's time by kind, the target's breaker.
+        let metrics = try await WorkerTests.httpGet(port, "/metrics").1
+        #expect(WorkerTests.metric(metrics, "warden_event_to_done_seconds_count") == 1, "\(metrics)")
+        #expect(metrics.contains(#"warden_step_duration_seconds_count{kind="purge-set"}"#))
+        #expect(WorkerTests.metric(metrics, #"warden_circuit_breaker_open{target="sessions"}"#) == 0)
         #expect(try await redis.cli(["EXISTS", "session:w1:a"]) == "0")
         #expect(await worker.terminate() == 0)
     }

@@ -246,6 +246,8 @@ struct WorkerTests {
             return Self.metric(metrics, #"warden_retries_total{reason="keys_unavailable"}"#) ?? 0 >= 3
         }
         #expect(try await Self.httpGet(port, "/readyz").0 == 503)
+        let failing = try await Self.httpGet(port, "/metrics").1
+        #expect(Self.metric(failing, #"warden_jwks_fetches_total{issuer="\#(Self.issuer)",result="error"}"#) ?? 0 >= 1, "\(failing)")
         #expect(try SQLiteLedgerReader(path: setup.ledgerPath).deliveries().isEmpty)
         #expect(await worker.terminate() == 0)
 
@@ -253,8 +255,10 @@ struct WorkerTests {
         let restarted = try WorkerProcess(config: setup.config)
         let restartedPort = try await restarted.httpPort()
         try await Self.waitFor("the event, once keys are back") { try SQLiteLedgerReader(path: setup.ledgerPath).eventCount() == 1 }
-        // Fetched keys have an age.
-        let age = try await Self.httpGet(restartedPort, "/metrics").1.split(separator: "\n")
+        // Fetched keys have an age, and the fetch is counted.
+        let fetched = try await Self.httpGet(restartedPort, "/metrics").1
+        #expect(Self.metric(fetched, #"warden_jwks_fetches_total{issuer="\#(Self.issuer)",result="ok"}"#) ?? 0 >= 1, "\(fetched)")
+        let age = fetched.split(separator: "\n")
             .first { $0.hasPrefix("warden_keys_age_seconds{issuer=") }
         #expect(age.flatMap { Double($0.split(separator: " ").last ?? "") }.map { $0 >= 0 && $0 < 3600 } == true, "\(String(describing: age))")
         #expect(await restarted.terminate() == 0)
