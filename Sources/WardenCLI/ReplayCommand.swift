@@ -97,7 +97,7 @@ extension WardenCommand {
             let opened = try await CommandLedger.open(config: config, command: "replay")
             var logger = Logger(label: "warden")
             logger.logLevel = ProcessInfo.processInfo.environment["WARDEN_LOG_LEVEL"].flatMap(Logger.Level.init(rawValue:)) ?? .error
-            let client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: .init(redirectConfiguration: .disallow))
+            let client = configuration.makeHTTPClient()
             let status: Int32
             do {
                 status = try await replay(&source, configuration: configuration, ledger: opened.ledger, client: client, logger: logger,

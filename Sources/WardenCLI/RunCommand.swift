@@ -95,7 +95,7 @@ struct Worker {
             openLedger = { try await postgres.open() }
             announce("ledger: \(location)")
         }
-        let client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: .init(redirectConfiguration: .disallow))
+        let client = configuration.makeHTTPClient()
         let group: ServiceGroup
         do {
             group = try makeGroup(ledger: ledger, ledgerService: ledgerService, openLedger: openLedger, brokers: brokers, client: client)

@@ -58,7 +58,7 @@ extension WardenCommand {
             }
             var logger = Logger(label: "warden")
             logger.logLevel = ProcessInfo.processInfo.environment["WARDEN_LOG_LEVEL"].flatMap(Logger.Level.init(rawValue:)) ?? .error
-            let client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: .init(redirectConfiguration: .disallow))
+            let client = configuration.makeHTTPClient()
             var opened: OpenedLedger? = nil
             do {
                 if let location = configuration.ledger { opened = try await OpenedLedger(location, logger: logger) }

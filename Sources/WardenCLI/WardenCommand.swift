@@ -85,8 +85,7 @@ extension WardenCommand {
             }
             var logger = Logger(label: "warden")
             logger.logLevel = ProcessInfo.processInfo.environment["WARDEN_LOG_LEVEL"].flatMap(Logger.Level.init(rawValue:)) ?? .critical
-            let client = HTTPClient(eventLoopGroupProvider: .singleton,
-                                    configuration: .init(redirectConfiguration: .disallow))
+            let client = configuration.makeHTTPClient()
             let verifier = configuration.makeVerifier(client: client, logger: logger)
             let result = await verifier.verify(raw)
             try? await client.shutdown()

@@ -1,5 +1,7 @@
 public import Foundation
 public import TokenVerification
+public import AsyncHTTPClient
+import NIOSSL
 public import Logging
 
 /// Everything a configuration file says, validated. Built in one place from the YAML and the
@@ -23,6 +25,17 @@ public struct WardenConfiguration: Sendable {
     public var logLevel: Logger.Level? = nil
     /// `ledger.retention`, seconds; nil keeps everything.
     public var ledgerRetention: Double? = nil
+    /// `http-client: {ca-file: …}`: authorities every outgoing HTTPS call (keys, discovery,
+    /// revoke, webhook, stream, poll) trusts beside the system's.
+    public var outboundCAFile: String? = nil
+
+    /// The HTTP client of every outgoing call: no redirects followed, the configured CA trusted.
+    public func makeHTTPClient() -> HTTPClient {
+        var tls = TLSConfiguration.makeClientConfiguration()
+        if let outboundCAFile { tls.additionalTrustRoots = [.file(outboundCAFile)] }
+        return HTTPClient(eventLoopGroupProvider: .singleton,
+                          configuration: .init(tlsConfiguration: tls, redirectConfiguration: .disallow))
+    }
 
     /// The streams `warden run` polls (`delivery: {method: poll}`).
     public var pollStreams: [StreamConfiguration] {
@@ -32,7 +45,7 @@ public struct WardenConfiguration: Sendable {
     /// Top-level sections of the product's configuration. Sections other parts of Warden read
     /// are accepted here and validated by those parts.
     static let topLevelKeys = ["issuers", "max-token-size", "kafka", "http", "receiver", "ledger", "subjects",
-                               "targets", "token-stores", "policy", "poll", "logging"]
+                               "targets", "token-stores", "policy", "poll", "logging", "http-client"]
     static let issuerKeys = ["issuer", "discovery", "jwks-uri", "jwks_uri", "jwks-file", "audiences", "algorithms",
                              "profile", "fetch-timeout", "clock-skew", "max-age", "key-refresh-cooldown",
                              "key-retry-interval", "max-key-staleness", "min-key-lifetime", "max-key-lifetime", "stream"]
@@ -81,9 +94,29 @@ public struct WardenConfiguration: Sendable {
             ledger: root.child("ledger").isPresent ? try LedgerLocation.parse(root.child("ledger")) : nil,
             invalidation: try InvalidationConfiguration.parse(root), streams: streams,
             logLevel: try logLevel(root.child("logging")),
-            ledgerRetention: try LedgerLocation.retention(root.child("ledger"), issuers: issuers))
+            ledgerRetention: try LedgerLocation.retention(root.child("ledger"), issuers: issuers),
+            outboundCAFile: try outboundCAFile(root.child("http-client")))
         try checkEnvironment(root)
         return configuration
+    }
+
+    /// `http-client: {ca-file: PATH}` (relative to the configuration file): PEM certificates,
+    /// read now so that a missing or malformed file is named at start.
+    static func outboundCAFile(_ r: ConfigReader) throws(ConfigError) -> String? {
+        guard r.isPresent else { return nil }
+        try r.requireOnly(["ca-file"])
+        let c = r.child("ca-file")
+        guard let name = try c.string() else { return nil }
+        let path = name.hasPrefix("/") ? name : r.baseDirectory.appendingPathComponent(name).standardizedFileURL.path
+        guard FileManager.default.isReadableFile(atPath: path) else { throw c.error("cannot read the file \(path)") }
+        do {
+            guard !(try NIOSSLCertificate.fromPEMFile(path)).isEmpty else { throw c.error("\(path) holds no PEM certificate") }
+        } catch let error as ConfigError {
+            throw error
+        } catch {
+            throw c.error("\(path) is not PEM certificates: \(error)")
+        }
+        return path
     }
 
     /// `logging: {level: trace|debug|info|notice|warning|error|critical}`.

@@ -129,7 +129,7 @@ public func freeLoopbackPort() throws -> Int {
     return Int(UInt16(bigEndian: address.sin_port))
 }
 
-func canConnect(port: Int) -> Bool {
+public func canConnect(port: Int) -> Bool {
     let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
     guard fd >= 0 else { return false }
     defer { close(fd) }

@@ -40,6 +40,48 @@ struct VerifyCommandTests {
         try SETMinter.token(claims: SETMinter.riscClaims(issuer: issuer, audience: audience, event: event, extra: extra), key: Self.key)
     }
 
+    // Keys over HTTPS from a server whose certificate a private authority signed: unavailable
+    // until http-client.ca-file names that authority (beside the system's).
+    @Test func keysFromAPrivateAuthorityNeedHTTPClientCAFile() async throws {
+        let certificates = try await TestCertificates.shared()
+        let pair = try await certificates.issue("jwks-\(UUID().uuidString.prefix(6))", subjectAlternativeNames: ["IP:127.0.0.1"])
+        let dir = try Warden.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(at: dir) }
+        try SETMinter.jwks([Self.key]).write(to: dir.appendingPathComponent("certs.json"), atomically: true, encoding: .utf8)
+        let port = try freeLoopbackPort()
+        let server = Process()
+        server.executableURL = URL(fileURLWithPath: "/usr/bin/openssl")
+        server.arguments = ["s_server", "-accept", "127.0.0.1:\(port)", "-cert", pair.certificateFile, "-key", pair.keyFile, "-WWW", "-quiet"]
+        server.currentDirectoryURL = dir
+        server.standardOutput = FileHandle.nullDevice
+        server.standardError = FileHandle.nullDevice
+        server.standardInput = FileHandle.nullDevice
+        try server.run()
+        defer { server.terminate() }
+        for _ in 0..<100 where !canConnect(port: port) { try await Task.sleep(for: .milliseconds(50)) }
+        let issuer = "https://127.0.0.1:\(port)/"
+        let t = try token(issuer: issuer)
+        let issuers = """
+            issuers:
+              - issuer: \(issuer)
+                jwks-uri: https://127.0.0.1:\(port)/certs.json
+                audiences: [\(audience)]
+                fetch-timeout: 2s
+
+            """
+        let config = dir.appendingPathComponent("warden.yaml")
+        try issuers.write(to: config, atomically: true, encoding: .utf8)
+        let untrusted = try await Warden.run(["verify", "--config", config.path, t])
+        #expect(untrusted.status == 3, "\(untrusted.stdout) \(untrusted.stderr)")
+        try (issuers + "http-client: {ca-file: \(certificates.caFile)}\n").write(to: config, atomically: true, encoding: .utf8)
+        let trusted = try await Warden.run(["verify", "--config", config.path, t])
+        #expect(trusted.status == 0, "\(trusted.stdout) \(trusted.stderr)")
+        // A file that is not PEM is named at start.
+        try (issuers + "http-client: {ca-file: warden.yaml}\n").write(to: config, atomically: true, encoding: .utf8)
+        let refused = try await Warden.run(["verify", "--config", config.path, t])
+        #expect(refused.status == 2 && refused.stderr.contains("http-client.ca-file"), "\(refused.stderr)")
+    }
+
     @Test func validTokenExitsZeroWithTheContractJSON() async throws {
         try await withServer { _, issuer, config in
             let t = try token(issuer: issuer, event: .accountDisabled, extra: ["reason": "hijacking"])
