@@ -51,7 +51,9 @@ public struct TestCertificates: Sendable {
         if !subjectAlternativeNames.isEmpty { lines.append("subjectAltName=" + subjectAlternativeNames.joined(separator: ",")) }
         try lines.joined(separator: "\n").write(toFile: extensions, atomically: true, encoding: .utf8)
         try await openssl(["req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", request, "-subj", "/CN=\(name)"])
-        try await openssl(["x509", "-req", "-in", request, "-CA", caFile, "-CAkey", path("ca-key.pem"), "-CAcreateserial",
+        try await openssl(["x509", "-req", "-in", request, "-CA", caFile, "-CAkey", path("ca-key.pem"),
+                           // A serial of its own: tests issuing at once would race on a shared serial file.
+                           "-set_serial", String(UInt64.random(in: 1...UInt64(Int64.max))),
                            "-days", "2", "-out", certificate, "-extfile", extensions])
         // Servers (PostgreSQL) refuse a key file others can read.
         try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: key)
