@@ -163,7 +163,7 @@ let package = Package(
                 "CZlib",
                 "SecurityEvents",
                 "TokenVerification",
-                "Kafka", "Ledger", "Pipeline", "Invalidation", "Redis", "StreamManagement", "SETMinting",
+                "Kafka", "Ledger", "Pipeline", "Invalidation", "Redis", "StreamManagement", "SETMinting", "HTTPExchange",
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -296,6 +296,7 @@ let package = Package(
             name: "WardenCLITests",
             dependencies: [
                 "WardenCLI", "TokenVerification", "SETMinting", "SecurityEvents", "WardenTestSupport", "warden", "Kafka", "Ledger", "Invalidation", "Redis",
+                "HTTPExchange",
             ],
             swiftSettings: testSettings
         ),

@@ -1,16 +1,16 @@
-public import AsyncHTTPClient
+import AsyncHTTPClient
 import Crypto
 import Foundation
-import HTTPExchange
+public import HTTPExchange
 import NIOCore
 import NIOHTTP1
 import SecurityEvents
 
 /// RFC 7009 token revocation: one token per request, client authentication as configured.
 public struct RevocationClient: Sendable {
-    public let http: HTTPClient
+    public let http: any HTTPExchanging
 
-    public init(http: HTTPClient) { self.http = http }
+    public init(http: any HTTPExchanging) { self.http = http }
 
     /// 200 is done (also for a token the server does not know); 429, 503 and other 5xx are
     /// retried (honouring `Retry-After`); `unsupported_token_type`, 400 and 401 are permanent
@@ -71,10 +71,10 @@ public struct RevocationClient: Sendable {
 /// `Warden-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">` — the timestamp
 /// lets the app refuse replays. `Warden-Event-ID` (`<iss> <jti>`) lets it ignore a repeat.
 public struct WebhookNotifier: Sendable {
-    public let http: HTTPClient
+    public let http: any HTTPExchanging
     public let now: @Sendable () -> Double
 
-    public init(http: HTTPClient, now: (@Sendable () -> Double)? = nil) {
+    public init(http: any HTTPExchanging, now: (@Sendable () -> Double)? = nil) {
         self.http = http
         self.now = now ?? { Date().timeIntervalSince1970 }
     }

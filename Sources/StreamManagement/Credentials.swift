@@ -1,7 +1,7 @@
 import _CryptoExtras
-public import AsyncHTTPClient
+import AsyncHTTPClient
 public import Foundation
-import HTTPExchange
+public import HTTPExchange
 import NIOCore
 import NIOHTTP1
 import SETMinting
@@ -160,12 +160,12 @@ public actor OAuthClientCredentials: StreamCredentials {
     }
 
     let settings: Settings
-    let http: HTTPClient
+    let http: any HTTPExchanging
     let timeout: Double
     let now: @Sendable () -> Double
     private var cached: CachedToken?
 
-    public init(settings: Settings, http: HTTPClient, timeout: Double = 10,
+    public init(settings: Settings, http: any HTTPExchanging, timeout: Double = 10,
                 now: @escaping @Sendable () -> Double = { Date().timeIntervalSince1970 }) {
         self.settings = settings
         self.http = http

@@ -1,6 +1,6 @@
-public import AsyncHTTPClient
+import AsyncHTTPClient
 import Foundation
-import HTTPExchange
+public import HTTPExchange
 public import Logging
 import NIOCore
 import NIOHTTP1
@@ -61,7 +61,7 @@ public final class PollClient: Sendable {
     let observe: @Sendable (String) -> Void
     private let pending = Mutex(Pending())
 
-    public init(settings: Settings, credentials: any StreamCredentials, http: HTTPClient, logger: Logger,
+    public init(settings: Settings, credentials: any StreamCredentials, http: any HTTPExchanging, logger: Logger,
                 observe: @escaping @Sendable (String) -> Void = { _ in },
                 persist: @escaping @Sendable ([[UInt8]]) async -> [PolledOutcome]) {
         self.settings = settings

@@ -1,6 +1,6 @@
-public import AsyncHTTPClient
+import AsyncHTTPClient
 public import Foundation
-import HTTPExchange
+public import HTTPExchange
 import NIOCore
 import NIOHTTP1
 public import SecurityEvents
@@ -43,7 +43,7 @@ public struct StreamSettings: Sendable {
 /// One authenticated JSON call to a transmitter: the credentials' token, a deadline for the
 /// whole exchange, and one retry with a new token when the transmitter says the token is invalid.
 struct TransmitterCall: Sendable {
-    let http: HTTPClient
+    let http: any HTTPExchanging
     let credentials: any StreamCredentials
     let timeout: Double
 
@@ -121,7 +121,7 @@ public struct GoogleRISCStream: StreamManager {
     let settings: StreamSettings
     let call: TransmitterCall
 
-    public init(settings: StreamSettings, credentials: any StreamCredentials, http: HTTPClient, timeout: Double) {
+    public init(settings: StreamSettings, credentials: any StreamCredentials, http: any HTTPExchanging, timeout: Double) {
         self.settings = settings
         self.call = TransmitterCall(http: http, credentials: credentials, timeout: timeout)
     }
@@ -217,7 +217,7 @@ public struct SSFStream: StreamManager {
     let keepStreamID: @Sendable (String?) async throws(StreamError) -> Void
     let allowsHTTP: @Sendable (URL) -> Bool
 
-    public init(settings: StreamSettings, credentials: any StreamCredentials, http: HTTPClient, timeout: Double,
+    public init(settings: StreamSettings, credentials: any StreamCredentials, http: any HTTPExchanging, timeout: Double,
                 storedStreamID: @escaping @Sendable () async throws(StreamError) -> String?,
                 keepStreamID: @escaping @Sendable (String?) async throws(StreamError) -> Void,
                 allowsHTTP: @escaping @Sendable (URL) -> Bool) {

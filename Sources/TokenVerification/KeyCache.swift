@@ -1,7 +1,7 @@
-public import AsyncHTTPClient
+import AsyncHTTPClient
 public import Foundation
 public import Logging
-import HTTPExchange
+public import HTTPExchange
 import NIOCore
 import NIOHTTP1
 import SecurityEvents
@@ -40,9 +40,9 @@ public struct OfflineKeyFetcher: KeyDocumentFetching {
 }
 
 public struct HTTPKeyFetcher: KeyDocumentFetching {
-    let client: HTTPClient
+    let client: any HTTPExchanging
 
-    public init(client: HTTPClient) { self.client = client }
+    public init(client: any HTTPExchanging) { self.client = client }
 
     public func fetch(_ url: URL, timeout: Double, maximumBytes: Int) async throws -> FetchedDocument {
         guard URLRule.isAcceptableForKeys(url) else {

@@ -1,4 +1,4 @@
-public import AsyncHTTPClient
+public import HTTPExchange
 import Foundation
 import Ledger
 public import Invalidation
@@ -353,7 +353,7 @@ extension InvalidationConfiguration {
 
 extension InvalidationConfiguration {
     /// The engine `warden run` uses, and the Redis clients it opened (to close at shutdown).
-    public func makeEngine(http: HTTPClient, logger: Logger) throws(ConfigError)
+    public func makeEngine(http: any HTTPExchanging, logger: Logger) throws(ConfigError)
         -> (engine: InvalidationEngine, redisClients: [RedisClient], sqlTargets: [SQLTarget])
     {
         var clients: [String: RedisClient] = [:]

@@ -1,5 +1,6 @@
 public import ArgumentParser
 import AsyncHTTPClient
+import HTTPExchange
 import Foundation
 import Invalidation
 import Ledger
@@ -116,7 +117,7 @@ extension WardenCommand {
         static let batchSize = 1024
 
         private func replay(_ source: inout any ReplaySource, configuration: WardenConfiguration, ledger: any AuditingLedger,
-                            client: HTTPClient, logger: Logger, reportFile: FileHandle?) async throws -> Int32 {
+                            client: any HTTPExchanging, logger: Logger, reportFile: FileHandle?) async throws -> Int32 {
             let archived: [ArchivedKey]
             do {
                 archived = try await ledger.archivedKeys()

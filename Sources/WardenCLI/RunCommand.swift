@@ -1,5 +1,6 @@
 public import ArgumentParser
 import AsyncHTTPClient
+import HTTPExchange
 import Foundation
 import Invalidation
 import Kafka
@@ -45,7 +46,8 @@ extension WardenCommand {
             JSONLogHandler.bootstrap(level: configuration.logLevel)
             let logger = Logger(label: "warden")
             logger.info("starting", metadata: ["warden.version": "\(WardenVersion.current)",
-                                               "warden.config": "\(URL(fileURLWithPath: config).standardizedFileURL.path)"])
+                                               "warden.config": "\(URL(fileURLWithPath: config).standardizedFileURL.path)",
+                                               "warden.outbound": "\(configuration.outboundRoute)"])
             do {
                 try await Worker(configuration: configuration, configPath: config, logger: logger).run()
             } catch let error as ConfigError {
@@ -112,7 +114,7 @@ struct Worker {
 
     /// The worker's services; throws, starting nothing, when a part refuses its settings.
     private func makeGroup(ledger: any AuditingLedger, ledgerService: Background?, openLedger: @escaping @Sendable () async throws -> Void,
-                           brokers: String, client: HTTPClient) throws -> ServiceGroup {
+                           brokers: String, client: OutboundHTTP) throws -> ServiceGroup {
         // Every key fetched is kept in the ledger's archive, for replays after the issuer removes it.
         let verifier = configuration.makeVerifier(client: client, logger: logger, archive: LedgerKeyArchive(ledger: ledger, logger: logger))
         let registry = PrometheusCollectorRegistry()
@@ -327,7 +329,7 @@ struct KeyPreload: Service {
 /// is acknowledged in one last request.
 struct PollService: Service {
     let stream: StreamConfiguration
-    let client: HTTPClient
+    let client: any HTTPExchanging
     let ledger: any Ledger
     let destination: any PushDestination
     let metrics: WardenMetrics

@@ -1,5 +1,6 @@
 public import ArgumentParser
 import AsyncHTTPClient
+import HTTPExchange
 import Foundation
 import Ledger
 import Logging
@@ -74,7 +75,7 @@ extension WardenCommand {
         }
 
         /// Runs the action; its exit status.
-        private func perform(_ stream: StreamConfiguration, client: HTTPClient, ledger: (any Ledger)?) async -> Int32 {
+        private func perform(_ stream: StreamConfiguration, client: any HTTPExchanging, ledger: (any Ledger)?) async -> Int32 {
             let manager = Self.manager(stream, client: client, ledger: ledger, timeout: timeout)
             do {
                 switch action {
@@ -147,7 +148,7 @@ extension WardenCommand {
             }
         }
 
-        static func manager(_ stream: StreamConfiguration, client: HTTPClient, ledger: (any Ledger)?, timeout: Double) -> any StreamManager {
+        static func manager(_ stream: StreamConfiguration, client: any HTTPExchanging, ledger: (any Ledger)?, timeout: Double) -> any StreamManager {
             let credentials = stream.makeCredentials(http: client)
             switch stream.settings.api {
             case .google:

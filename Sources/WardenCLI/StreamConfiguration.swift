@@ -1,4 +1,4 @@
-public import AsyncHTTPClient
+public import HTTPExchange
 import Foundation
 public import StreamManagement
 import SecurityEvents
@@ -24,7 +24,7 @@ public struct StreamConfiguration: Sendable {
     static let keys = ["api", "endpoint", "credentials-file", "oauth", "delivery", "events", "stream-id", "description"]
 
     /// The credentials, ready to present (tokens minted or fetched when first needed, reused).
-    public func makeCredentials(http: HTTPClient) -> any StreamCredentials {
+    public func makeCredentials(http: any HTTPExchanging) -> any StreamCredentials {
         switch credentials {
         case .serviceAccount(let key): ServiceAccountTokens(key: key)
         case .bearer(let token): StaticBearer(token: token)

@@ -1,4 +1,4 @@
-public import AsyncHTTPClient
+public import HTTPExchange
 public import Ledger
 public import Logging
 import SecurityEvents
@@ -7,7 +7,7 @@ public import TokenVerification
 extension WardenConfiguration {
     /// A verifier for every configured issuer, fetching keys with `client`. With `archive`, every
     /// key fetched is kept in it; with `archived`, those keys are used before the live ones.
-    public func makeVerifier(client: HTTPClient, logger: Logger, clock: WallClock = .system,
+    public func makeVerifier(client: any HTTPExchanging, logger: Logger, clock: WallClock = .system,
                              archive: (any KeyArchiving)? = nil, archived: [ArchivedKey] = []) -> SETVerifier {
         let fetcher = HTTPKeyFetcher(client: client)
         let issuers = issuers.map { policy in

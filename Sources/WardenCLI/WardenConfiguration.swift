@@ -1,6 +1,7 @@
 public import Foundation
 public import TokenVerification
-public import AsyncHTTPClient
+import AsyncHTTPClient
+public import HTTPExchange
 import NIOSSL
 public import Logging
 
@@ -28,13 +29,21 @@ public struct WardenConfiguration: Sendable {
     /// `http-client: {ca-file: …}`: authorities every outgoing HTTPS call (keys, discovery,
     /// revoke, webhook, stream, poll) trusts beside the system's.
     public var outboundCAFile: String? = nil
+    /// `HTTPS_PROXY` and `NO_PROXY` (or their lower-case forms) from the environment.
+    public var outboundProxies: ProxySettings = .direct
 
-    /// The HTTP client of every outgoing call: no redirects followed, the configured CA trusted.
-    public func makeHTTPClient() -> HTTPClient {
+    /// The client of every outgoing call: no redirects followed, the configured CA trusted,
+    /// through the environment's proxy unless `NO_PROXY` or loopback exempts the host.
+    public func makeHTTPClient() -> OutboundHTTP {
         var tls = TLSConfiguration.makeClientConfiguration()
         if let outboundCAFile { tls.additionalTrustRoots = [.file(outboundCAFile)] }
-        return HTTPClient(eventLoopGroupProvider: .singleton,
-                          configuration: .init(tlsConfiguration: tls, redirectConfiguration: .disallow))
+        return OutboundHTTP(configuration: .init(tlsConfiguration: tls, redirectConfiguration: .disallow), proxies: outboundProxies)
+    }
+
+    /// How outgoing calls leave, for the start-up log: "direct", or the proxies and exemptions.
+    public var outboundRoute: String {
+        guard let proxy = outboundProxies.https else { return "direct" }
+        return "https via \(proxy)" + (outboundProxies.bypass == NoProxy() ? "" : ", NO_PROXY hosts direct")
     }
 
     /// The streams `warden run` polls (`delivery: {method: poll}`).
@@ -95,9 +104,19 @@ public struct WardenConfiguration: Sendable {
             invalidation: try InvalidationConfiguration.parse(root), streams: streams,
             logLevel: try logLevel(root.child("logging")),
             ledgerRetention: try LedgerLocation.retention(root.child("ledger"), issuers: issuers),
-            outboundCAFile: try outboundCAFile(root.child("http-client")))
+            outboundCAFile: try outboundCAFile(root.child("http-client")),
+            outboundProxies: try outboundProxies(environment))
         try checkEnvironment(root)
         return configuration
+    }
+
+    /// The environment's proxies, refused at start when a variable cannot be used.
+    static func outboundProxies(_ environment: [String: String]) throws(ConfigError) -> ProxySettings {
+        do {
+            return try ProxySettings(environment: environment)
+        } catch {
+            throw ConfigError(path: "", "the environment's \(error.variable): \(error.message)")
+        }
     }
 
     /// `http-client: {ca-file: PATH}` (relative to the configuration file): PEM certificates,

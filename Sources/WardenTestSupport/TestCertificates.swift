@@ -67,3 +67,33 @@ public struct TestCertificates: Sendable {
         guard result.status == 0 else { throw TestServerError("openssl \(arguments.prefix(2).joined(separator: " ")): \(result.stderr)") }
     }
 }
+
+/// The files of a folder served over HTTPS by `openssl s_server -WWW` on a loopback port, with a
+/// certificate from `TestCertificates` (one connection at a time, HTTP/1.x GET only).
+public final class StaticHTTPSServer {
+    public let port: Int
+    private let process: Process
+
+    public static func start(serving directory: URL, certificate: TestCertificates.Pair) async throws -> StaticHTTPSServer {
+        let port = try freeLoopbackPort()
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/openssl")
+        process.arguments = ["s_server", "-accept", "127.0.0.1:\(port)", "-cert", certificate.certificateFile,
+                             "-key", certificate.keyFile, "-WWW", "-quiet"]
+        process.currentDirectoryURL = directory
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        process.standardInput = FileHandle.nullDevice
+        try process.run()
+        for _ in 0..<100 where !canConnect(port: port) { try await Task.sleep(for: .milliseconds(50)) }
+        return StaticHTTPSServer(port: port, process: process)
+    }
+
+    private init(port: Int, process: Process) {
+        self.port = port
+        self.process = process
+    }
+
+    /// SIGKILL: a child may inherit a signal mask that blocks SIGTERM, and the server keeps nothing.
+    public func stop() { kill(process.processIdentifier, SIGKILL) }
+}

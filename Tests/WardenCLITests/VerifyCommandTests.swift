@@ -48,17 +48,9 @@ struct VerifyCommandTests {
         let dir = try Warden.temporaryDirectory()
         defer { try? FileManager.default.removeItem(at: dir) }
         try SETMinter.jwks([Self.key]).write(to: dir.appendingPathComponent("certs.json"), atomically: true, encoding: .utf8)
-        let port = try freeLoopbackPort()
-        let server = Process()
-        server.executableURL = URL(fileURLWithPath: "/usr/bin/openssl")
-        server.arguments = ["s_server", "-accept", "127.0.0.1:\(port)", "-cert", pair.certificateFile, "-key", pair.keyFile, "-WWW", "-quiet"]
-        server.currentDirectoryURL = dir
-        server.standardOutput = FileHandle.nullDevice
-        server.standardError = FileHandle.nullDevice
-        server.standardInput = FileHandle.nullDevice
-        try server.run()
-        defer { server.terminate() }
-        for _ in 0..<100 where !canConnect(port: port) { try await Task.sleep(for: .milliseconds(50)) }
+        let server = try await StaticHTTPSServer.start(serving: dir, certificate: pair)
+        defer { server.stop() }
+        let port = server.port
         let issuer = "https://127.0.0.1:\(port)/"
         let t = try token(issuer: issuer)
         let issuers = """
