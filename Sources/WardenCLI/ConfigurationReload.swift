@@ -6,14 +6,22 @@ import ServiceLifecycle
 import Synchronization
 
 /// SIGHUP: reads the configuration file again and applies what can change safely in a running
-/// worker — the policy (when targets, token stores and subjects are unchanged) and the log
-/// level — and logs what changed but needs a restart. A file that no longer parses changes
+/// worker — the policy, the log level, and the targets' settings and credentials (read again
+/// from their files), token stores and subjects, as long as every target keeps its name and
+/// kind — and logs what changed but needs a restart. A file that no longer parses changes
 /// nothing and is logged. The signal never ends the process.
 struct ConfigurationReload: Service {
     let path: String
     let running: WardenConfiguration
     let planner: Planner
     let logger: Logger
+    /// The running targets and how to connect to a configuration's; nil: targets need a restart.
+    var targets: TargetReload? = nil
+
+    struct TargetReload: Sendable {
+        let reloadable: ReloadableTargets
+        let make: @Sendable (InvalidationConfiguration) throws(ConfigError) -> ReloadableTargets.Generation
+    }
 
     func run() async throws {
         signal(SIGHUP, SIG_IGN)  // the default action ends the process
@@ -40,7 +48,7 @@ struct ConfigurationReload: Service {
                 "warden.config": "\(path)", "warden.reason": "\(error)"])
             return
         }
-        let (done, needsRestart) = applied.withLock { current in Self.apply(fresh, to: &current, planner: planner) }
+        let (done, needsRestart) = applied.withLock { current in Self.apply(fresh, to: &current, planner: planner, targets: targets) }
         logger.notice("configuration reloaded", metadata: [
             "warden.config": "\(path)",
             "warden.applied": "\(done.isEmpty ? "nothing changed that can be applied" : done.joined(separator: "; "))",
@@ -49,8 +57,8 @@ struct ConfigurationReload: Service {
     }
 
     /// Applies what can change while running; returns what was applied and what was not.
-    static func apply(_ fresh: WardenConfiguration, to current: inout WardenConfiguration, planner: Planner)
-        -> (applied: [String], needsRestart: [String])
+    static func apply(_ fresh: WardenConfiguration, to current: inout WardenConfiguration, planner: Planner,
+                      targets: TargetReload? = nil) -> (applied: [String], needsRestart: [String])
     {
         var applied: [String] = [], needsRestart: [String] = []
         let level = LogLevelControl.level(configured: fresh.logLevel)
@@ -68,8 +76,25 @@ struct ConfigurationReload: Service {
                 current.invalidation = new
                 applied.append("policy (events planned from now on)")
             }
+        } else if let targets, old.canReloadTargets(as: new) {
+            // New connections for what changed; steps under way finish on the old ones, which
+            // close once the last of them ends.
+            do {
+                targets.reloadable.replace(with: try targets.make(new))
+                let changed = new.targets.keys.filter { old.targets[$0] != new.targets[$0] }.sorted().map { "targets.\($0)" }
+                    + new.tokenStores.keys.filter { old.tokenStores[$0] != new.tokenStores[$0] }.sorted().map { "token-stores.\($0)" }
+                    + (new.subjects == old.subjects ? [] : ["subjects"])
+                applied.append("\(changed.joined(separator: ", ")) (settings and credentials; steps from now on, those under way finish on the old connections)")
+                if new.policy != old.policy {
+                    planner.replace(new.policy)
+                    applied.append("policy (events planned from now on)")
+                }
+                current.invalidation = new
+            } catch {
+                needsRestart.append("targets, token stores or subjects: \(error.message)")
+            }
         } else {
-            needsRestart.append("targets, token stores or subjects (their credentials included), and the policy with them")
+            needsRestart.append("targets or token stores added, removed or renamed, or a target's kind changed (and the policy with them)")
         }
         let sections: [(String, Bool)] = [
             ("issuers", fresh.issuers != current.issuers), ("kafka", fresh.kafka != current.kafka),

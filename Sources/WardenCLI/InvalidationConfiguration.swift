@@ -4,7 +4,7 @@ import Ledger
 public import Invalidation
 public import Logging
 import Pipeline
-public import Redis
+import Redis
 import SecurityEvents
 import TokenVerification
 
@@ -352,10 +352,9 @@ extension InvalidationConfiguration {
 }
 
 extension InvalidationConfiguration {
-    /// The engine `warden run` uses, and the Redis clients it opened (to close at shutdown).
-    public func makeEngine(http: any HTTPExchanging, logger: Logger) throws(ConfigError)
-        -> (engine: InvalidationEngine, redisClients: [RedisClient], sqlTargets: [SQLTarget])
-    {
+    /// Connections to the configured targets: the subject resolver and the step executor, the
+    /// PostgreSQL pools to run while they are used, and what closes the Redis clients.
+    public func makeTargets(http: any HTTPExchanging, logger: Logger) throws(ConfigError) -> ReloadableTargets.Generation {
         var clients: [String: RedisClient] = [:]
         for (name, target) in targets {
             guard case .redis(let settings) = target else { continue }
@@ -380,7 +379,16 @@ extension InvalidationConfiguration {
         let executor = TargetExecutor(redis: RedisStepExecutor(clients: clients, stores: tokenStores),
                                       revocation: RevocationClient(http: http), webhooks: WebhookNotifier(http: http),
                                       sql: SQLStepExecutor(targets: databases), targets: targets)
-        return (InvalidationEngine(planner: Planner(policy: policy), resolver: resolver, executor: executor),
-                Array(clients.values), Array(databases.values))
+        return ReloadableTargets.Generation(
+            resolver: resolver, executor: executor,
+            pools: databases.values.map { database in { await database.run() } },
+            close: { [clients = Array(clients.values)] in clients.forEach { $0.close() } })
+    }
+
+    /// Whether a running worker can take `fresh` targets in place of these: every target keeps
+    /// its name and kind and every token store its name, so steps already planned still name
+    /// targets that can run them. Settings and credentials may differ.
+    public func canReloadTargets(as fresh: InvalidationConfiguration) -> Bool {
+        targets.mapValues(\.kind) == fresh.targets.mapValues(\.kind) && Set(tokenStores.keys) == Set(fresh.tokenStores.keys)
     }
 }

@@ -128,21 +128,23 @@ extension WardenCommand {
             let verifier = configuration.makeVerifier(client: client, logger: logger, archived: archived)
             // A dry run makes no engine at all: no target is connected to.
             var engine = InvalidationEngine.recordOnly
-            var targets: (redis: [RedisClient], sql: [SQLTarget]) = ([], [])
+            var targets: ReloadableTargets.Generation? = nil
             if apply {
                 do {
-                    let made = try configuration.invalidation.makeEngine(http: client, logger: logger)
-                    (engine, targets) = (made.engine, (made.redisClients, made.sqlTargets))
+                    let made = try configuration.invalidation.makeTargets(http: client, logger: logger)
+                    engine = InvalidationEngine(planner: Planner(policy: configuration.invalidation.policy),
+                                                resolver: made.resolver, executor: made.executor)
+                    targets = made
                 } catch {
                     FileHandle.standardError.write(Data("warden: \(error)\n".utf8))
                     return VerifyExit.usage.rawValue
                 }
             }
             // SQL targets' connection pools run as long as the replay.
-            let pools = targets.sql.map { target in Task { await target.run() } }
+            let pools = (targets?.pools ?? []).map { pool in Task { await pool() } }
             defer {
                 pools.forEach { $0.cancel() }
-                targets.redis.forEach { $0.close() }
+                targets?.close()
             }
             var door: ReplayDoor? = nil
             if apply {

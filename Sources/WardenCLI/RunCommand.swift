@@ -131,7 +131,9 @@ struct Worker {
         var intakeChecks: [HealthServer.Check] = []
         var closers: [ServiceGroupConfiguration.ServiceConfiguration] = []
         let destination: (any PushDestination)?
-        let engine = try configuration.invalidation.makeEngine(http: client, logger: logger)
+        // The targets' connections, replaced by SIGHUP when their settings or credentials change.
+        let targets = ReloadableTargets(try configuration.invalidation.makeTargets(http: client, logger: logger))
+        let engine = InvalidationEngine(planner: Planner(policy: configuration.invalidation.policy), resolver: targets, executor: targets)
         if let kafka = configuration.kafka {
             var properties = KafkaProperties(kafka.properties)
             if kafka.isEmbedded, properties["session.timeout.ms"] == nil { properties["session.timeout.ms"] = "6000" }
@@ -142,7 +144,7 @@ struct Worker {
                 logger: logger)
             let processor = EventProcessor(verifier: verifier, ledger: ledger,
                                            deadLetters: KafkaDeadLetters(producer: producer, topic: kafka.deadLetterTopic),
-                                           metrics: metrics, logger: logger, stop: StopSignal(), engine: engine.engine,
+                                           metrics: metrics, logger: logger, stop: StopSignal(), engine: engine,
                                            configuration: .init(parallelism: kafka.concurrency))
             intake = KafkaIntake(consumer: consumer, processor: processor, metrics: metrics, logger: logger)
             intakeChecks = [.init("kafka") { consumer.hasJoinedGroup }]
@@ -163,7 +165,7 @@ struct Worker {
             // A refused SET is answered 400 to its sender and kept in the ledger as a rejection:
             // there is no dead-letter topic without Kafka.
             let processor = EventProcessor(verifier: verifier, ledger: ledger, deadLetters: LedgerOnlyDeadLetters(),
-                                           metrics: metrics, logger: logger, stop: StopSignal(), engine: engine.engine)
+                                           metrics: metrics, logger: logger, stop: StopSignal(), engine: engine)
             let ledgerDestination = LedgerPushDestination()
             intake = PushIntake(destination: ledgerDestination, pipeline: EventPipeline(processor: processor))
             destination = ledgerDestination
@@ -239,16 +241,19 @@ struct Worker {
         // Shut down in reverse order: intake first, the ledger last. Connection pools run as
         // services of their own, and end when the group reaches them.
         let pools: [ServiceGroupConfiguration.ServiceConfiguration] =
-            ([ledgerService].compactMap { $0 } + engine.sqlTargets.map { target in Background { await target.run() } })
+            ([ledgerService].compactMap { $0 } + [Background { await cancelWhenGracefulShutdown { await targets.run() } }])
             .map { .init(service: $0, successTerminationBehavior: .ignore) }
         return ServiceGroup(configuration: .init(
             services: pools + [
                 .init(service: CloseOnShutdown { await ledger.close() }),
             ] + closers + [
-                .init(service: CloseOnShutdown { engine.redisClients.forEach { $0.close() } }),
                 .init(service: CloseOnShutdown { try? await client.shutdown() }),
                 .init(service: KeyPreload(issuers: issuers, logger: logger)),
-                .init(service: ConfigurationReload(path: configPath, running: configuration, planner: engine.engine.planner, logger: logger)),
+                .init(service: ConfigurationReload(
+                    path: configPath, running: configuration, planner: engine.planner, logger: logger,
+                    targets: .init(reloadable: targets) { [client, logger] fresh throws(ConfigError) in
+                        try fresh.makeTargets(http: client, logger: logger)
+                    })),
             ] + (configuration.ledgerRetention.map { retention in
                 [.init(service: Prepared(prepare: openLedger,
                                          service: LedgerPruner(ledger: ledger, retention: retention, metrics: metrics, logger: logger)))]

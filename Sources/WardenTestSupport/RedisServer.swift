@@ -95,8 +95,10 @@ public final class RedisServer: @unchecked Sendable {
         process.waitUntilExit()
     }
 
-    /// Runs `redis-cli` against this server (as an independent client would) and returns its output.
-    public func cli(_ arguments: [String]) async throws -> String {
+    /// Runs `redis-cli` against this server (as an independent client would) and returns its
+    /// output; `password` in place of the server's own (after a rotation).
+    public func cli(_ arguments: [String], password: String? = nil) async throws -> String {
+        let password = password ?? self.password
         var secure = tls.map { ["--tls", "--cacert", $0.caFile] } ?? []
         if let client = tls?.clientCertificate { secure += ["--cert", client.certificateFile, "--key", client.keyFile] }
         return try await runProgram("/usr/bin/redis-cli", ["-h", "127.0.0.1", "-p", String(port)] + secure + arguments,

@@ -452,6 +452,51 @@ extension EngineWorkerTests {
         #expect(await worker.terminate() == 0)
     }
 
+    // A credential rotated while the worker runs: the new password written to the target's
+    // password file, SIGHUP, the old password removed and every connection dropped — events go
+    // on being acted on with the new one (the old client would reconnect with the old password
+    // and be refused for good).
+    @Test func sighupReadsATargetsRotatedPasswordFile() async throws {
+        let redis = try await RedisServer(password: "first-pass")
+        let setup = try WorkerTests.Setup(extra: """
+            targets:
+              sessions: {redis: {url: "redis://127.0.0.1:\(redis.port)/0", password-file: redis-password}}
+            policy:
+              sessions-revoked:
+                - purge-set: {target: sessions, set: "sessions:{user}"}
+            """)
+        defer { setup.cleanUp() }
+        let passwordFile = setup.directory.appendingPathComponent("redis-password")
+        try "first-pass\n".write(to: passwordFile, atomically: true, encoding: .utf8)
+        for user in ["r1", "r2"] {
+            _ = try await redis.cli(["SADD", "sessions:\(user)", "session:\(user):a"])
+            _ = try await redis.cli(["SET", "session:\(user):a", "x"])
+        }
+        let worker = try WorkerProcess(config: setup.config)
+        _ = try await worker.httpPort()
+        try await WorkerTests.produce(setup.cluster.bootstrapServers, [("r1", try token(.sessionsRevoked, subject: "r1"))])
+        try await WorkerTests.waitFor("r1 purged with the first password") { try await redis.cli(["EXISTS", "session:r1:a"]) == "0" }
+
+        // The rotation: the server accepts both, the file gets the new one, SIGHUP.
+        _ = try await redis.cli(["ACL", "SETUSER", "default", "on", ">second-pass"])
+        try "second-pass\r\n".write(to: passwordFile, atomically: true, encoding: .utf8)
+        worker.signal(SIGHUP)
+        try await WorkerTests.waitFor("the reload logged") { worker.standardError.contains("configuration reloaded") }
+        let line = worker.standardError.split(separator: "\n").first { $0.contains("configuration reloaded") }.map(String.init) ?? ""
+        #expect(line.contains("targets.sessions"), "\(line)")
+        #expect(!worker.standardError.contains("second-pass") && !worker.standardError.contains("first-pass"))
+        // The old password is withdrawn and every client connection dropped.
+        _ = try await redis.cli(["ACL", "SETUSER", "default", "<first-pass"], password: "second-pass")
+        _ = try await redis.cli(["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"], password: "second-pass")
+
+        try await WorkerTests.produce(setup.cluster.bootstrapServers, [("r2", try token(.sessionsRevoked, subject: "r2"))])
+        try await WorkerTests.waitFor("r2 purged with the second password") {
+            try await redis.cli(["EXISTS", "session:r2:a"], password: "second-pass") == "0"
+        }
+        #expect(worker.isRunning)
+        #expect(await worker.terminate() == 0)
+    }
+
     // Retention while the worker runs: old finished events, their steps and the audit records
     // before the cut go; the audit log still verifies (a checkpoint record); the worker goes on.
     @Test func retentionPrunesWhileTheWorkerRunsAndTheAuditLogStillVerifies() async throws {
