@@ -4,7 +4,7 @@ SWIFT ?= swift
 # Debian packages the build and the tests use.
 APT_PACKAGES := libssl-dev openssl python3-jsonschema librdkafka-dev libsqlite3-dev sqlite3 kcat python3-confluent-kafka redis-server postgresql libjemalloc-dev zlib1g-dev
 
-.PHONY: deps build run test bench bench-pipeline bench-engine bench-push bench-replay schemas clean
+.PHONY: deps build run test bench bench-pipeline bench-engine bench-push bench-replay bench-soak schemas clean
 
 deps:
 	@missing=""; for p in $(APT_PACKAGES); do \
@@ -66,6 +66,16 @@ bench-push: deps
 	$(SWIFT) build -c release --product warden
 	$(SWIFT) build -c release --product PushBenchmark
 	Benchmarks/push.sh $$($(SWIFT) build -c release --show-bin-path)
+
+# Release-built soak: EVENTS (default 5,000,000) through `warden run` with every event purging a
+# user's sessions on a real redis-server and ledger retention (RETENTION seconds, default 60)
+# pruning all along: events/s of each million, the worker's RSS, the ledger's size on disk.
+EVENTS ?= 5000000
+RETENTION ?= 60
+bench-soak: deps
+	$(SWIFT) build -c release --product warden
+	$(SWIFT) build -c release --product SoakBenchmark
+	$$($(SWIFT) build -c release --show-bin-path)/SoakBenchmark $(EVENTS) $(RETENTION)
 
 # Release-built dry-run replay of 1,000,000 distinct RS256 SETs from a gzip log: SETs/s beside
 # openssl speed -multi 2 rsa2048 (same run), and peak RSS.

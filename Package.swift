@@ -238,6 +238,14 @@ let package = Package(
             path: "Benchmarks/PipelineBenchmark",
             swiftSettings: strict
         ),
+        // `make bench-soak`: millions of events through `warden run` with retention pruning.
+        .executableTarget(
+            name: "SoakBenchmark",
+            dependencies: ["SETMinting", "SecurityEvents", "Kafka", "Ledger", "WardenTestSupport",
+                           .product(name: "Logging", package: "swift-log")],
+            path: "Benchmarks/SoakBenchmark",
+            swiftSettings: strict
+        ),
         .testTarget(
             name: "SecurityEventsTests",
             dependencies: ["SecurityEvents", "SETMinting"],
