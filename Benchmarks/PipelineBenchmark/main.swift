@@ -156,17 +156,7 @@ let metricsPort: Int = {
 }()
 
 /// The worker's metrics text (curl, an independent client).
-func scrapeMetrics() -> String {
-    let curl = Process()
-    curl.executableURL = URL(fileURLWithPath: "/usr/bin/curl")
-    curl.arguments = ["-s", "--max-time", "5", "http://127.0.0.1:\(metricsPort)/metrics"]
-    let pipe = Pipe()
-    curl.standardOutput = pipe
-    guard (try? curl.run()) != nil else { return "" }
-    let data = pipe.fileHandleForReading.readDataToEndOfFile()
-    curl.waitUntilExit()
-    return String(decoding: data, as: UTF8.self)
-}
+func scrapeMetrics() -> String { curlText("http://127.0.0.1:\(metricsPort)/metrics") }
 
 /// A Prometheus histogram's cumulative buckets, smallest bound first.
 func histogramBuckets(_ text: String, _ name: String) -> [(bound: Double, label: String, count: Double)] {

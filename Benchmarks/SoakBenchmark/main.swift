@@ -38,6 +38,8 @@ let logger: Logger = {
     return logger
 }()
 
+/// One line on standard output, written at once (progress shows in a file too).
+func say(_ line: String) { FileHandle.standardOutput.write(Data((line + "\n").utf8)) }
 func now() -> Double { Date().timeIntervalSince1970 }
 func formatted(_ value: Double, _ digits: Int = 0) -> String { String(format: "%.\(digits)f", value) }
 
@@ -104,21 +106,11 @@ while produced < min(lead, total) {
     kcatInput.fileHandleForWriting.write(mint(produced..<produced + count))
     produced += count
 }
-print("soak: \(total) events, retention and max-age \(retention) s, \(partitions) partitions, lead \(lead)")
-print("minted the first \(produced) ES256 SETs in \(formatted(now() - mintingStarted, 1)) s")
+say("soak: \(total) events, retention and max-age \(retention) s, \(partitions) partitions, lead \(lead)")
+say("minted the first \(produced) ES256 SETs in \(formatted(now() - mintingStarted, 1)) s")
 
 /// The worker's metrics text (curl, an independent client).
-func scrapeMetrics() -> String {
-    let curl = Process()
-    curl.executableURL = URL(fileURLWithPath: "/usr/bin/curl")
-    curl.arguments = ["-s", "--max-time", "5", "http://127.0.0.1:\(metricsPort)/metrics"]
-    let pipe = Pipe()
-    curl.standardOutput = pipe
-    guard (try? curl.run()) != nil else { return "" }
-    let data = pipe.fileHandleForReading.readDataToEndOfFile()
-    curl.waitUntilExit()
-    return String(decoding: data, as: UTF8.self)
-}
+func scrapeMetrics() -> String { curlText("http://127.0.0.1:\(metricsPort)/metrics") }
 
 /// The sum of a metric's samples whose line starts with `prefix` and contains `label`.
 func metric(_ text: String, _ prefix: String, _ label: String = "") -> Double {
@@ -195,10 +187,10 @@ while done < total {
     }
     if t - lastLine >= 30 {
         lastLine = t
-        print("  \(done) events done, \(formatted(Double(done - marks[0].events) / (t - marks[0].time))) /s so far, worker RSS \(formatted(rss(worker.processIdentifier))) MiB, ledger \(formatted(Double(ledgerBytes()) / 1e6)) MB")
+        say("  \(done) events done, \(formatted(Double(done - marks[0].events) / (t - marks[0].time))) /s so far, worker RSS \(formatted(rss(worker.processIdentifier))) MiB, ledger \(formatted(Double(ledgerBytes()) / 1e6)) MB")
     }
     guard t - lastMove < 120, worker.isRunning else {
-        print("stopped: \(done) of \(total) events done, nothing moved for \(formatted(t - lastMove)) s (worker running: \(worker.isRunning))")
+        say("stopped: \(done) of \(total) events done, nothing moved for \(formatted(t - lastMove)) s (worker running: \(worker.isRunning))")
         break
     }
 }
@@ -211,24 +203,24 @@ let processed = (try? reader?.eventCount(outcome: .processed)) ?? 0
 worker.terminate()
 worker.waitUntilExit()
 
-print("")
-print("per million (events finished, from the first finished event):")
-print("  events          seconds   events/s   worker RSS   ledger on disk   events kept")
+say("")
+say("per million (events finished, from the first finished event):")
+say("  events          seconds   events/s   worker RSS   ledger on disk   events kept")
 for (previous, mark) in zip(marks, marks.dropFirst()) {
     let seconds = mark.time - previous.time
-    print("  \(String(mark.events).padding(toLength: 14, withPad: " ", startingAt: 0))  \(formatted(seconds).leftPadded(7))  \(formatted(Double(mark.events - previous.events) / seconds).leftPadded(9))  \(formatted(mark.rss).leftPadded(7)) MiB  \(formatted(Double(mark.ledgerBytes) / 1e6).leftPadded(8)) MB   \(String(mark.kept).leftPadded(11))")
+    say("  \(String(mark.events).padding(toLength: 14, withPad: " ", startingAt: 0))  \(formatted(seconds).leftPadded(7))  \(formatted(Double(mark.events - previous.events) / seconds).leftPadded(9))  \(formatted(mark.rss).leftPadded(7)) MiB  \(formatted(Double(mark.ledgerBytes) / 1e6).leftPadded(8)) MB   \(String(mark.kept).leftPadded(11))")
 }
 if marks.count >= 3 {
     let rate = { (i: Int) in Double(marks[i].events - marks[i - 1].events) / (marks[i].time - marks[i - 1].time) }
     let firstRate = rate(1), lastRate = rate(marks.count - 1)
-    print("last ÷ first: \(formatted(lastRate / firstRate, 2)) (goal ≥ 0.90)")
-    print("worker RSS: \(formatted(marks[1].rss)) MiB after the first \(marks[1].events), \(formatted(marks.last!.rss)) MiB at the end")
+    say("last ÷ first: \(formatted(lastRate / firstRate, 2)) (goal ≥ 0.90)")
+    say("worker RSS: \(formatted(marks[1].rss)) MiB after the first \(marks[1].events), \(formatted(marks.last!.rss)) MiB at the end")
 }
-print("ledger at the end: \(formatted(Double(ledgerBytes()) / 1e6)) MB on disk, \(events) events kept (\(processed) processed) of \(done) finished")
-print("pruned: \(Int(metric(metrics, #"warden_ledger_pruned_total{what="events"}"#))) events, \(Int(metric(metrics, #"warden_ledger_pruned_total{what="audit_records"}"#))) audit records")
-print("refused deliveries: \(Int(metric(metrics, "warden_verify_failures_total"))), failed steps: \(Int(metric(metrics, "warden_steps_total{", #"result="failed""#))), dead letters: \(Int(metric(metrics, "warden_dead_letters_total")))")
+say("ledger at the end: \(formatted(Double(ledgerBytes()) / 1e6)) MB on disk, \(events) events kept (\(processed) processed) of \(done) finished")
+say("pruned: \(Int(metric(metrics, #"warden_ledger_pruned_total{what="events"}"#))) events, \(Int(metric(metrics, #"warden_ledger_pruned_total{what="audit_records"}"#))) audit records")
+say("refused deliveries: \(Int(metric(metrics, "warden_verify_failures_total"))), failed steps: \(Int(metric(metrics, "warden_steps_total{", #"result="failed""#))), dead letters: \(Int(metric(metrics, "warden_dead_letters_total")))")
 let errors = ((try? String(contentsOf: workerLog, encoding: .utf8)) ?? "").split(separator: "\n").filter { $0.contains(#""level":"error""#) || $0.contains(#""level":"critical""#) }
-print("errors in the worker's log: \(errors.count)\(errors.first.map { " (first: \($0.prefix(300)))" } ?? "")")
+say("errors in the worker's log: \(errors.count)\(errors.first.map { " (first: \($0.prefix(300)))" } ?? "")")
 await redis.stop()
 
 extension String {

@@ -92,3 +92,17 @@ public func eventually(attempts: Int = 2000, _ condition: () -> Bool) async -> B
     }
     return condition()
 }
+
+/// The body at `url` as text, fetched by curl (an independent client) within `timeout` seconds;
+/// empty when nothing could be read. Blocks: for benchmarks' and scripts' polling loops.
+public func curlText(_ url: String, timeout: Int = 5) -> String {
+    let curl = Process()
+    curl.executableURL = URL(fileURLWithPath: "/usr/bin/curl")
+    curl.arguments = ["-s", "--max-time", String(timeout), url]
+    let pipe = Pipe()
+    curl.standardOutput = pipe
+    guard (try? curl.run()) != nil else { return "" }
+    let data = pipe.fileHandleForReading.readDataToEndOfFile()
+    curl.waitUntilExit()
+    return String(decoding: data, as: UTF8.self)
+}

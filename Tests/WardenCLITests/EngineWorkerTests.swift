@@ -452,6 +452,44 @@ extension EngineWorkerTests {
         #expect(await worker.terminate() == 0)
     }
 
+    // The ledger's disk full (a small tmpfs, filled): the worker keeps running, nothing is lost,
+    // /healthz fails once http.stall-timeout passes with messages waiting; when space is given
+    // back, the waiting events are recorded and acted on and /healthz recovers.
+    @Test(.enabled(if: SmallFilesystem.canMount, "needs the privilege to mount a tmpfs"))
+    func healthzFailsWhileTheLedgerDiskIsFullAndRecovers() async throws {
+        let disk = try SmallFilesystem(megabytes: 16)
+        defer { disk.unmount() }
+        let redis = try await RedisServer()
+        let setup = try WorkerTests.Setup(ledger: "sqlite:\(disk.path)/ledger.sqlite", extra: """
+            targets:
+              sessions: {redis: "redis://127.0.0.1:\(redis.port)/0"}
+            """)
+        defer { setup.cleanUp() }
+        let ledgerPath = disk.path + "/ledger.sqlite"
+        let worker = try WorkerProcess(config: setup.config, environment: ["WARDEN_HTTP_STALL_TIMEOUT": "2s"])
+        let port = try await worker.httpPort()
+        try await WorkerTests.produce(setup.cluster.bootstrapServers, [("f0", try token(.sessionsRevoked, subject: "f0"))])
+        try await WorkerTests.waitFor("the first event recorded") { try SQLiteLedgerReader(path: ledgerPath).eventCount() == 1 }
+        #expect(try await WorkerTests.httpGet(port, "/healthz").0 == 200)
+
+        disk.fill()
+        let waiting = try (1...300).map { ("f\($0)", try token(.sessionsRevoked, subject: "f\($0)")) }
+        try await WorkerTests.produce(setup.cluster.bootstrapServers, waiting)
+        try await WorkerTests.waitFor("/healthz failing while the ledger cannot be written") {
+            let (status, body) = try await WorkerTests.httpGet(port, "/healthz")
+            return status == 503 && body.contains("intake stalled")
+        }
+        #expect(worker.isRunning)
+
+        disk.free()
+        try await WorkerTests.waitFor("every event recorded once space is back") {
+            try SQLiteLedgerReader(path: ledgerPath).eventCount(outcome: .processed) == 301
+        }
+        try await WorkerTests.waitFor("/healthz ok again") { try await WorkerTests.httpGet(port, "/healthz").0 == 200 }
+        #expect(worker.isRunning)
+        #expect(await worker.terminate() == 0)
+    }
+
     // A credential rotated while the worker runs: the new password written to the target's
     // password file, SIGHUP, the old password removed and every connection dropped — events go
     // on being acted on with the new one (the old client would reconnect with the old password
