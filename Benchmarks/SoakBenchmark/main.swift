@@ -71,23 +71,22 @@ targets: {sessions: {redis: "redis://127.0.0.1:\(redis.port)/0"}}
 
 /// Mints tokens `range` (ES256, on both cores; one of 5,000 users each), as kcat input lines.
 func mint(_ range: Range<Int>) -> Data {
-    final class Lines: @unchecked Sendable {
-        // `@unchecked Sendable`: each index is written by exactly one concurrentPerform iteration.
-        var lines: [String]
-        init(_ count: Int) { lines = [String](repeating: "", count: count) }
-    }
-    let lines = Lines(range.count)
+    let lines = UnsafeMutableBufferPointer<String>.allocate(capacity: range.count)
+    defer { lines.deallocate() }
     let issuedAt = now()
+    // Each iteration initializes its own slots of the buffer, never another's.
+    nonisolated(unsafe) let slots = lines
     DispatchQueue.concurrentPerform(iterations: 2) { worker in
         for i in stride(from: worker, to: range.count, by: 2) {
             let n = range.lowerBound + i
             let subject = "user-\(n % 5000)"
             let claims = SETMinter.riscClaims(issuer: issuer, audience: audience, event: .sessionsRevoked, subject: subject,
                                               jti: "soak-\(n)", issuedAt: issuedAt)
-            lines.lines[i] = subject + "\t" + (try! SETMinter.token(claims: claims, key: key)) + "\n"
+            (slots.baseAddress! + i).initialize(to: subject + "\t" + (try! SETMinter.token(claims: claims, key: key)) + "\n")
         }
     }
-    return Data(lines.lines.joined().utf8)
+    defer { _ = lines.deinitialize() }
+    return Data(lines.joined().utf8)
 }
 
 // kcat produces whatever is written to its standard input, keyed by subject.
@@ -106,6 +105,8 @@ while produced < min(lead, total) {
     kcatInput.fileHandleForWriting.write(mint(produced..<produced + count))
     produced += count
 }
+// Everything minted already: kcat's input ends here.
+if produced == total { try kcatInput.fileHandleForWriting.close() }
 say("soak: \(total) events, retention and max-age \(retention) s, \(partitions) partitions, lead \(lead)")
 say("minted the first \(produced) ES256 SETs in \(formatted(now() - mintingStarted, 1)) s")
 

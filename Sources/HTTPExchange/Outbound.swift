@@ -120,9 +120,10 @@ public struct ProxySettings: Sendable, Equatable {
 
     /// The proxy a request to `url` goes through; nil: direct.
     public func proxy(for url: String) -> Proxy? {
-        guard let https, let components = URLComponents(string: url), let host = components.host,
-              components.scheme?.lowercased() == "https"
-        else { return nil }
+        guard let https else { return nil }
+        // A URL whose host cannot be read goes to the proxy, never around it.
+        guard let components = URLComponents(string: url), let host = components.host, !host.isEmpty else { return https }
+        guard components.scheme?.lowercased() == "https" else { return nil }
         return bypass.exempts(host: host, port: components.port ?? 443) ? nil : https
     }
 
@@ -147,8 +148,8 @@ public struct ProxySettings: Sendable, Equatable {
         let port = components.port ?? 80
         guard (1...65535).contains(port) else { throw Invalid(variable: variable, message: "port \(port) is out of range") }
         let bare = host.hasPrefix("[") && host.hasSuffix("]") ? String(host.dropFirst().dropLast()) : host
-        return Proxy(host: bare, port: port, username: components.user?.removingPercentEncoding ?? components.user,
-                     password: components.password?.removingPercentEncoding ?? components.password)
+        // `user` and `password` are already percent-decoded.
+        return Proxy(host: bare, port: port, username: components.user, password: components.password)
     }
 }
 
@@ -208,6 +209,7 @@ public struct NoProxy: Sendable, Equatable {
         if let address = ipAddress(host) { return .network(address: address, prefix: address.count * 8, port: port) }
         var domain = host
         if domain.hasPrefix("*.") { domain.removeFirst() }
+        guard !domain.contains("*") else { throw Invalid(message: "\"\(entry)\": * stands alone or begins *.domain") }
         while domain.hasPrefix(".") { domain.removeFirst() }
         while domain.hasSuffix(".") { domain.removeLast() }
         guard !domain.isEmpty else { throw Invalid(message: "\"\(entry)\" names no domain") }

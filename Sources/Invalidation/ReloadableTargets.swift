@@ -88,9 +88,10 @@ public final class ReloadableTargets: StepExecutor, SubjectResolver {
     }
 
     /// Runs every generation's pools and closes each retired generation once drained; when the
-    /// task is cancelled (shutdown), closes them all. Run it for as long as the targets are used.
+    /// task is cancelled (shutdown), closes them all. Run it once, for as long as the targets
+    /// are used: a generation replaced while it does not run is closed only when it runs.
     public func run() async {
-        await withTaskGroup(of: Void.self) { group in
+        await withDiscardingTaskGroup { group in
             for await slot in arrivals {
                 group.addTask {
                     await withTaskGroup(of: Void.self) { pools in

@@ -70,7 +70,8 @@ struct ConfigurationReload: Service {
         }
         current.logLevel = fresh.logLevel
         let old = current.invalidation, new = fresh.invalidation
-        if new.targets == old.targets, new.tokenStores == old.tokenStores, new.subjects == old.subjects {
+        if new.targets == old.targets, new.tokenStores == old.tokenStores, new.subjects == old.subjects,
+           new.targetFileDigests == old.targetFileDigests {
             if new.policy != old.policy {
                 planner.replace(new.policy)
                 current.invalidation = new
@@ -81,7 +82,10 @@ struct ConfigurationReload: Service {
             // close once the last of them ends.
             do {
                 targets.reloadable.replace(with: try targets.make(new))
-                let changed = new.targets.keys.filter { old.targets[$0] != new.targets[$0] }.sorted().map { "targets.\($0)" }
+                let changed = new.targets.keys.filter { name in
+                    old.targets[name] != new.targets[name]
+                        || Self.files(of: new.targets[name]).contains { new.targetFileDigests[$0] != old.targetFileDigests[$0] }
+                }.sorted().map { "targets.\($0)" }
                     + new.tokenStores.keys.filter { old.tokenStores[$0] != new.tokenStores[$0] }.sorted().map { "token-stores.\($0)" }
                     + (new.subjects == old.subjects ? [] : ["subjects"])
                 applied.append("\(changed.joined(separator: ", ")) (settings and credentials; steps from now on, those under way finish on the old connections)")
@@ -93,6 +97,8 @@ struct ConfigurationReload: Service {
             } catch {
                 needsRestart.append("targets, token stores or subjects: \(error.message)")
             }
+        } else if targets == nil {
+            needsRestart.append("targets, token stores or subjects (and the policy with them)")
         } else {
             needsRestart.append("targets or token stores added, removed or renamed, or a target's kind changed (and the policy with them)")
         }
@@ -103,6 +109,14 @@ struct ConfigurationReload: Service {
         ]
         needsRestart += sections.filter(\.1).map(\.0)
         return (applied, needsRestart)
+    }
+}
+
+extension ConfigurationReload {
+    /// The certificate and key files a target names.
+    static func files(of target: TargetSettings?) -> [String] {
+        guard let target else { return [] }
+        return Array(InvalidationConfiguration.fileDigests(["": target]).keys)
     }
 }
 

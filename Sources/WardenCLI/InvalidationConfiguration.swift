@@ -18,6 +18,9 @@ public struct InvalidationConfiguration: Sendable {
     public var policy: Policy
     /// Built-in rules left out because their target or store is not configured.
     public var leftOut: [(eventType: String, rule: PolicyRule)]
+    /// A digest of every certificate and key file the targets name, by path, taken when the
+    /// configuration is read: a reload notices a file replaced in place under the same name.
+    public var targetFileDigests: [String: String] = [:]
 
     static func parse(_ root: ConfigReader) throws(ConfigError) -> InvalidationConfiguration {
         var targets: [String: TargetSettings] = [:]
@@ -62,7 +65,29 @@ public struct InvalidationConfiguration: Sendable {
         let policy = builtIn.0.overridden(by: overrides)
         let leftOut = builtIn.1.filter { overrides[$0.0] == nil }.map { (eventType: $0.0, rule: $0.1) }
         return InvalidationConfiguration(targets: targets, tokenStores: stores, subjects: subjects, policy: policy,
-                                         leftOut: leftOut)
+                                         leftOut: leftOut, targetFileDigests: fileDigests(targets))
+    }
+
+    /// Redis TLS files, and a PostgreSQL URL's `sslrootcert`, `sslcert` and `sslkey`.
+    static func fileDigests(_ targets: [String: TargetSettings]) -> [String: String] {
+        var paths: [String] = []
+        for target in targets.values {
+            switch target {
+            case .redis(let settings):
+                if let tls = settings.tls { paths += [tls.caFile, tls.certificateFile, tls.keyFile].compactMap { $0 } }
+            case .sql(let location):
+                paths += (URLComponents(string: location)?.queryItems ?? [])
+                    .filter { ["sslrootcert", "sslcert", "sslkey"].contains($0.name) && $0.value != "system" }.compactMap(\.value)
+            case .revoke, .webhook:
+                break
+            }
+        }
+        var digests: [String: String] = [:]
+        for path in paths {
+            digests[path] = FileManager.default.contents(atPath: path).map { AuditChain.sha256Hex([UInt8]($0)) }
+                ?? "unreadable"
+        }
+        return digests
     }
 
     static func target(_ r: ConfigReader) throws(ConfigError) -> TargetSettings {

@@ -1,5 +1,8 @@
 import Foundation
+import HTTPExchange
 import Invalidation
+import Logging
+import Synchronization
 import Testing
 import WardenTestSupport
 @testable import WardenCLI
@@ -142,5 +145,38 @@ struct OperatorConfigurationTests {
         #expect(later.contains { $0.hasPrefix("targets") } && later.contains("http"))
         #expect(planner.policy == second.invalidation.policy)
         LogLevelControl.current = .info
+    }
+
+    // A certificate authority file replaced in place under the same name: the reload sees the
+    // new contents and builds new connections for that target (the path alone did not change).
+    @Test func reloadNoticesACertificateFileReplacedInPlace() async throws {
+        let certificates = try await TestCertificates.shared()
+        let directory = try Scratch.directory("reload-ca")
+        let ca = directory.appendingPathComponent("redis-ca.pem").path
+        try FileManager.default.copyItem(atPath: certificates.caFile, toPath: ca)
+        let yaml = Self.issuer + "targets: {sessions: {redis: \"rediss://127.0.0.1:6380/0\", ca-file: \(ca)}}\n"
+        var running = try WardenConfiguration.parse(yaml: yaml, baseDirectory: directory)
+        let planner = Invalidation.Planner(policy: running.invalidation.policy)
+        let http = OutboundHTTP(configuration: .init(), proxies: .direct)
+        let logger = Logger(label: "reload-test")
+        let reloadable = ReloadableTargets(try running.invalidation.makeTargets(http: http, logger: logger))
+        let made = Mutex(0)
+        let reload = ConfigurationReload.TargetReload(reloadable: reloadable) { fresh throws(ConfigError) in
+            made.withLock { $0 += 1 }
+            return try fresh.makeTargets(http: http, logger: logger)
+        }
+        // Read again unchanged: nothing to apply.
+        let same = try WardenConfiguration.parse(yaml: yaml, baseDirectory: directory)
+        #expect(ConfigurationReload.apply(same, to: &running, planner: planner, targets: reload).applied.isEmpty)
+        #expect(made.withLock { $0 } == 0)
+        // The file replaced by another authority's certificate.
+        try FileManager.default.removeItem(atPath: ca)
+        try FileManager.default.copyItem(atPath: certificates.otherCAFile, toPath: ca)
+        let rotated = try WardenConfiguration.parse(yaml: yaml, baseDirectory: directory)
+        let (applied, restart) = ConfigurationReload.apply(rotated, to: &running, planner: planner, targets: reload)
+        #expect(applied.contains { $0.hasPrefix("targets.sessions ") }, "\(applied)")
+        #expect(restart.isEmpty, "\(restart)")
+        #expect(made.withLock { $0 } == 1)
+        try await http.shutdown()
     }
 }

@@ -23,7 +23,7 @@ struct OutboundProxyTests {
         #expect(try ProxySettings(environment: ["HTTPS_PROXY": "  ", "HTTP_PROXY": "http://ignored:1"]) == .direct)
     }
 
-    @Test func unusableProxyVariablesAreRefusedWithoutTheirSecrets() {
+    @Test func unusableProxyVariablesAreRefusedWithoutTheirSecrets() throws {
         for (value, expected) in [("https://warden:hunter2@proxy:3128", "reached over TLS"),
                                   ("socks5://warden:hunter2@proxy:1080", "socks5:// proxies are not supported"),
                                   ("http://warden:hunter2@proxy:3128/path", "no path"),
@@ -38,6 +38,10 @@ struct OutboundProxyTests {
         }
         #expect(throws: ProxySettings.Invalid.self) { _ = try ProxySettings(environment: ["NO_PROXY": "10.0.0.0/33"]) }
         #expect(throws: ProxySettings.Invalid.self) { _ = try ProxySettings(environment: ["no_proxy": "example.com:http"]) }
+        #expect(throws: ProxySettings.Invalid.self) { _ = try ProxySettings(environment: ["NO_PROXY": "*example.com"]) }
+        #expect(throws: ProxySettings.Invalid.self) { _ = try ProxySettings(environment: ["NO_PROXY": "*:443"]) }
+        // Decoded once: %2541 is a literal %41.
+        #expect(try ProxySettings(environment: ["HTTPS_PROXY": "http://u:a%2541b@proxy:1"]).https?.password == "a%41b")
     }
 
     @Test func noProxyChoosesWhichHostsGoDirect() throws {
@@ -142,9 +146,9 @@ struct OutboundProxyTests {
         // A proxy that asks for credentials: given in the URL, they are sent; wrong, refused.
         let authorized = try await verify(["https_proxy": "http://warden:s3cret-pass@127.0.0.1:\(guarded.port)"])
         #expect(authorized.status == 0, "\(authorized.stdout) \(authorized.stderr)")
-        let refused = try await verify(["https_proxy": "http://warden:wrong@127.0.0.1:\(guarded.port)"])
+        let refused = try await verify(["https_proxy": "http://warden:Wr0ng-x9q@127.0.0.1:\(guarded.port)"])
         #expect(refused.status == 3, "\(refused.stdout) \(refused.stderr)")
-        #expect(!refused.stdout.contains("wrong") && !refused.stderr.contains("wrong"))
+        #expect(!refused.stdout.contains("Wr0ng-x9q") && !refused.stderr.contains("Wr0ng-x9q"))
         #expect(guarded.requests.allSatisfy { $0 == "CONNECT keys.warden.test:443 auth=yes" } && guarded.requests.count >= 2)
 
         // A proxy Warden cannot use is a configuration error at start, without its password.
