@@ -226,6 +226,17 @@ struct WorkerTests {
         try await Self.waitFor("the new events") { try SQLiteLedgerReader(path: setup.ledgerPath).events().count == 38 }
         #expect(await restarted.terminate() == 0)
         #expect(try SQLiteLedgerReader(path: setup.ledgerPath).deliveries().count == 2)
+
+        // The dead-letter topic replays like any other: the forged token is refused again, as
+        // the ledger recorded it — consistent, exit 0.
+        let report = setup.directory.appendingPathComponent("dlq-report.jsonl")
+        let replay = try await Warden.run(["replay", "--config", setup.config.path, "--topic", "security-events.dlq",
+                                           "--report", report.path])
+        #expect(replay.status == 0, "\(replay.stdout)\(replay.stderr)")
+        let replayed = try String(contentsOf: report, encoding: .utf8).split(separator: "\n")
+        #expect(replayed.count == 1)
+        #expect(replayed.first?.contains(#""status":"invalid""#) == true && replayed.first?.contains(#""err":"invalid_key""#) == true,
+                "\(replayed)")
     }
 
     /// The provider's keys cannot be fetched: the message is neither recorded nor committed; it
