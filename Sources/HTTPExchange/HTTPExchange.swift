@@ -77,6 +77,17 @@ private func wholeOrFraction(_ seconds: Double) -> String {
 
 /// The small pieces of HTTP every outgoing call shares.
 public enum HTTPRules {
+    /// Whether `host` is this machine: `localhost`, or an IPv4 (127.0.0.0/8) or IPv6 (`::1`)
+    /// loopback address, with or without brackets. Plain http is allowed only to these, and no
+    /// proxy is used for them.
+    public static func isLoopback(_ host: String?) -> Bool {
+        guard var host = host?.lowercased() else { return false }
+        if host.hasPrefix("["), host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
+        if host == "localhost" { return true }
+        guard let address = NoProxy.ipAddress(host) else { return false }
+        return address.count == 4 ? address[0] == 127 : address == [UInt8](repeating: 0, count: 15) + [1]
+    }
+
     /// `application/x-www-form-urlencoded` encoding of one name or value (also the form a client
     /// id and secret take inside HTTP Basic credentials, RFC 6749 §2.3.1).
     public static func formEncoded(_ text: String) -> String {

@@ -156,7 +156,8 @@ public struct ProxySettings: Sendable, Equatable {
 /// `NO_PROXY`: hosts reached directly, as a comma-separated list — `*` (every host), a domain
 /// (`example.com` and `.example.com` both match the domain and every name under it; `*.` is
 /// read as `.`), an IP address or a CIDR block (`10.0.0.0/8`, `fd00::/8`), each optionally with
-/// `:port` (`[v6]:port` for IPv6) to exempt that port alone. Loopback is always exempt.
+/// `:port` (`[v6]:port` for IPv6) to exempt that port alone. Loopback (`HTTPRules.isLoopback`)
+/// is always exempt.
 public struct NoProxy: Sendable, Equatable {
     enum Rule: Sendable, Equatable {
         case everything
@@ -221,9 +222,8 @@ public struct NoProxy: Sendable, Equatable {
         var host = rawHost.lowercased()
         if host.hasPrefix("["), host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
         while host.hasSuffix(".") { host.removeLast() }
+        if HTTPRules.isLoopback(host) { return true }
         let address = Self.ipAddress(host)
-        if host == "localhost" || host.hasSuffix(".localhost") { return true }
-        if let address, Self.isLoopback(address) { return true }
         return rules.contains { rule in
             switch rule {
             case .everything:
@@ -236,10 +236,6 @@ public struct NoProxy: Sendable, Equatable {
                 return Self.prefix(of: address, matches: network, bits: prefix)
             }
         }
-    }
-
-    static func isLoopback(_ address: [UInt8]) -> Bool {
-        address.count == 4 ? address[0] == 127 : address == [UInt8](repeating: 0, count: 15) + [1]
     }
 
     static func prefix(of address: [UInt8], matches network: [UInt8], bits: Int) -> Bool {

@@ -1,3 +1,4 @@
+import HTTPExchange
 public import Foundation
 
 /// Which family of rules a token from an issuer must follow.
@@ -99,14 +100,7 @@ public enum URLRule {
         }
     }
 
-    public static func isLoopback(_ host: String?) -> Bool {
-        guard var host = host?.lowercased() else { return false }
-        if host.hasPrefix("[") && host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
-        if host == "localhost" || host == "::1" { return true }
-        let parts = host.split(separator: ".", omittingEmptySubsequences: false)
-        guard parts.count == 4, parts[0] == "127" else { return false }
-        return parts.allSatisfy { part in UInt8(part) != nil }
-    }
+    public static func isLoopback(_ host: String?) -> Bool { HTTPRules.isLoopback(host) }
 }
 
 /// Seconds since 1970, injectable so tests control time.

@@ -84,7 +84,8 @@ struct ConfigurationReload: Service {
                 targets.reloadable.replace(with: try targets.make(new))
                 let changed = new.targets.keys.filter { name in
                     old.targets[name] != new.targets[name]
-                        || Self.files(of: new.targets[name]).contains { new.targetFileDigests[$0] != old.targetFileDigests[$0] }
+                        || new.targets[name].map(InvalidationConfiguration.certificateFiles(of:))?
+                            .contains { new.targetFileDigests[$0] != old.targetFileDigests[$0] } == true
                 }.sorted().map { "targets.\($0)" }
                     + new.tokenStores.keys.filter { old.tokenStores[$0] != new.tokenStores[$0] }.sorted().map { "token-stores.\($0)" }
                     + (new.subjects == old.subjects ? [] : ["subjects"])
@@ -109,14 +110,6 @@ struct ConfigurationReload: Service {
         ]
         needsRestart += sections.filter(\.1).map(\.0)
         return (applied, needsRestart)
-    }
-}
-
-extension ConfigurationReload {
-    /// The certificate and key files a target names.
-    static func files(of target: TargetSettings?) -> [String] {
-        guard let target else { return [] }
-        return Array(InvalidationConfiguration.fileDigests(["": target]).keys)
     }
 }
 

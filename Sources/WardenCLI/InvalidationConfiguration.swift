@@ -68,26 +68,30 @@ public struct InvalidationConfiguration: Sendable {
                                          leftOut: leftOut, targetFileDigests: fileDigests(targets))
     }
 
-    /// Redis TLS files, and a PostgreSQL URL's `sslrootcert`, `sslcert` and `sslkey`.
+    /// A digest of each certificate and key file the targets name, by path.
     static func fileDigests(_ targets: [String: TargetSettings]) -> [String: String] {
-        var paths: [String] = []
-        for target in targets.values {
-            switch target {
-            case .redis(let settings):
-                if let tls = settings.tls { paths += [tls.caFile, tls.certificateFile, tls.keyFile].compactMap { $0 } }
-            case .sql(let location):
-                paths += (URLComponents(string: location)?.queryItems ?? [])
-                    .filter { ["sslrootcert", "sslcert", "sslkey"].contains($0.name) && $0.value != "system" }.compactMap(\.value)
-            case .revoke, .webhook:
-                break
-            }
-        }
+        let paths = targets.values.flatMap(certificateFiles(of:))
         var digests: [String: String] = [:]
         for path in paths {
             digests[path] = FileManager.default.contents(atPath: path).map { AuditChain.sha256Hex([UInt8]($0)) }
                 ?? "unreadable"
         }
         return digests
+    }
+
+    /// The certificate and key files a target names: Redis TLS files, and a PostgreSQL URL's
+    /// `sslrootcert`, `sslcert` and `sslkey`.
+    static func certificateFiles(of target: TargetSettings) -> [String] {
+        switch target {
+        case .redis(let settings):
+            guard let tls = settings.tls else { return [] }
+            return [tls.caFile, tls.certificateFile, tls.keyFile].compactMap { $0 }
+        case .sql(let location):
+            return (URLComponents(string: location)?.queryItems ?? [])
+                .filter { ["sslrootcert", "sslcert", "sslkey"].contains($0.name) && $0.value != "system" }.compactMap(\.value)
+        case .revoke, .webhook:
+            return []
+        }
     }
 
     static func target(_ r: ConfigReader) throws(ConfigError) -> TargetSettings {

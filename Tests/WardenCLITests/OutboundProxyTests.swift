@@ -55,6 +55,8 @@ struct OutboundProxyTests {
         #expect(try route("", "https://127.0.0.1:8443/certs") == "direct")
         #expect(try route("", "https://[::1]:8443/certs") == "direct")
         #expect(try route("", "https://localhost/certs") == "direct")
+        #expect(try route("", "https://[0:0:0:0:0:0:0:1]/certs") == "direct")
+        #expect(try route("", "https://localhost.example.com/certs") == "proxy")
         #expect(try route("", "http://127.0.0.1:8080/hook") == "direct")
         // Domains, with or without a leading dot or *., match the name and what is under it.
         for entry in ["example.com", ".example.com", "*.example.com", "EXAMPLE.COM."] {
