@@ -288,7 +288,7 @@ public struct AuditRecord: Sendable {
     /// A verified event as claimed, with the outcome it has at this point.
     init(event: LedgerEvent, eventID: Int64, kind: Kind, outcome: String, steps: [Step], recordedAt: Double) {
         self.init(kind: kind, eventID: eventID, source: event.source, receivedAt: event.receivedAt,
-                  tokenSHA256: AuditChain.sha256Hex(event.tokenBytes), issuer: event.issuer, jti: event.jti,
+                  tokenSHA256: event.tokenSHA256, issuer: event.issuer, jti: event.jti,
                   eventTypes: event.eventTypes, subject: event.subject, keyID: event.keyID, algorithm: event.algorithm,
                   keyThumbprint: event.keyThumbprint, issuedAt: event.issuedAt, outcome: outcome, steps: steps,
                   recordedAt: recordedAt)

@@ -136,7 +136,10 @@ public struct LedgerEvent: Sendable, Equatable {
     /// The compact SET as verified (the message less surrounding whitespace; ASCII, as every
     /// verified compact JWS is), so it can be verified again later. Kept as bytes: the intake
     /// hands over the message's own, without making a string of them.
-    public var tokenBytes: [UInt8]
+    public var tokenBytes: [UInt8] { didSet { tokenSHA256 = AuditChain.sha256Hex(tokenBytes) } }
+    /// SHA-256 of `tokenBytes`, lowercase hex: computed where the event is made (off the
+    /// ledger's single writer), stored with the event and named by its audit records.
+    public private(set) var tokenSHA256: String
     /// `tokenBytes` as text.
     public var token: String {
         get { String(decoding: tokenBytes, as: UTF8.self) }
@@ -170,6 +173,7 @@ public struct LedgerEvent: Sendable, Equatable {
         self.issuer = issuer
         self.jti = jti
         self.tokenBytes = tokenBytes
+        self.tokenSHA256 = AuditChain.sha256Hex(tokenBytes)
         self.source = source
         self.eventTypes = eventTypes
         self.subject = subject

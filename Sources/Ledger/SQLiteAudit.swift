@@ -2,6 +2,7 @@ import Foundation
 internal import GRDB
 internal import GRDBSQLite
 import SecurityEvents
+import Synchronization
 
 /// Collects the audit records one write decides, and appends them to the chain before the write
 /// commits: records and outcomes are durable together, and the chain's order is the order of
@@ -13,22 +14,39 @@ struct SQLiteAuditAppender {
     mutating func append(_ record: AuditRecord) { records.append(record) }
 
     /// The record of an event that has reached `outcome`, read from the event and its steps.
+    /// `claimed`: the event's fields as this ledger claimed it, if known: then only its steps are read.
     mutating func appendOutcome(ofEvent eventID: Int64, outcome: EventOutcome, at now: Double, in db: Database,
-                                kind: AuditRecord.Kind = .event, note: String? = nil) throws {
-        var record: AuditRecord? = nil
-        try binder.query(db.cachedStatement(sql: """
-            SELECT e.issuer, e.jti, coalesce(t.token, e.token), e.source, e.event_types, e.subject, e.key_id, e.algorithm,
-                   e.key_thumbprint, e.issued_at, e.received_at
-            FROM events e LEFT JOIN event_tokens t ON t.event_id = e.id WHERE e.id = ?
-            """), in: db, { $0.integer(eventID) }, row: { row in
-            let types = (try? JSONParser.parse(columnBytes(row, 4)))?.arrayValue?.compactMap(\.stringValue) ?? []
-            record = AuditRecord(kind: kind, eventID: eventID, source: columnText(row, 3) ?? "", receivedAt: sqlite3_column_double(row, 10),
-                                 tokenSHA256: AuditChain.sha256Hex(columnBytes(row, 2)), issuer: columnText(row, 0),
-                                 jti: columnText(row, 1), eventTypes: types, subject: columnText(row, 5),
-                                 keyID: columnText(row, 6), algorithm: columnText(row, 7), keyThumbprint: columnText(row, 8),
-                                 issuedAt: sqlite3_column_double(row, 9), outcome: outcome.rawValue, note: note, recordedAt: now)
-        })
+                                kind: AuditRecord.Kind = .event, note: String? = nil, claimed: AuditRecord? = nil) throws {
+        var record: AuditRecord? = claimed.map {
+            var record = $0
+            record.kind = kind
+            record.outcome = outcome.rawValue
+            record.note = note
+            record.recordedAt = now
+            record.steps = []
+            return record
+        }
+        if record == nil {
+            try binder.query(db.cachedStatement(sql: """
+                SELECT e.issuer, e.jti, e.token_sha256, e.source, e.event_types, e.subject, e.key_id, e.algorithm,
+                       e.key_thumbprint, e.issued_at, e.received_at
+                FROM events e WHERE e.id = ?
+                """), in: db, { $0.integer(eventID) }, row: { row in
+                let types = (try? JSONParser.parse(columnBytes(row, 4)))?.arrayValue?.compactMap(\.stringValue) ?? []
+                record = AuditRecord(kind: kind, eventID: eventID, source: columnText(row, 3) ?? "", receivedAt: sqlite3_column_double(row, 10),
+                                     tokenSHA256: columnText(row, 2) ?? "", issuer: columnText(row, 0),
+                                     jti: columnText(row, 1), eventTypes: types, subject: columnText(row, 5),
+                                     keyID: columnText(row, 6), algorithm: columnText(row, 7), keyThumbprint: columnText(row, 8),
+                                     issuedAt: sqlite3_column_double(row, 9), outcome: outcome.rawValue, note: note, recordedAt: now)
+            })
+        }
         guard var record else { throw LedgerError(.conflict, "no event with id \(eventID) in the ledger") }
+        // An event claimed before its digest was kept: from its token.
+        if record.tokenSHA256?.isEmpty ?? true {
+            try binder.query(db.cachedStatement(sql: """
+                SELECT coalesce(t.token, e.token) FROM events e LEFT JOIN event_tokens t ON t.event_id = e.id WHERE e.id = ?
+                """), in: db, { $0.integer(eventID) }, row: { row in record.tokenSHA256 = AuditChain.sha256Hex(columnBytes(row, 0)) })
+        }
         try binder.query(db.cachedStatement(sql: "SELECT idx, kind, status, detail, attempts FROM steps WHERE event_id = ? ORDER BY idx"),
                          in: db, { $0.integer(eventID) }, row: { row in
             record.steps.append(AuditRecord.Step(index: Int(sqlite3_column_int64(row, 0)), kind: columnText(row, 1) ?? "",
@@ -63,6 +81,32 @@ struct SQLiteAuditAppender {
         }
         records.removeAll()
     }
+}
+
+/// The audit fields of events a SQLite ledger claimed with steps, from their claim until their
+/// outcome is recorded, so that the outcome's audit record is made without reading the event
+/// back. Only the ledger's writer thread uses it; the lock is never contended. A bounded cache:
+/// an event whose outcome another process records is dropped once the cache is full, and an
+/// entry is used only after the outcome's update confirmed the row is still that event.
+final class ClaimedEvents: Sendable {
+    static let capacity = 16_384
+    private let entries = Mutex([Int64: AuditRecord]())
+
+    func keep(_ record: AuditRecord) {
+        guard let id = record.eventID else { return }
+        entries.withLock { entries in
+            if entries.count >= Self.capacity {
+                // The oldest half (claimed first: the smaller ids) makes room.
+                let keys = entries.keys.sorted()
+                for key in keys.prefix(keys.count / 2) { entries[key] = nil }
+            }
+            entries[id] = record
+        }
+    }
+
+    func take(_ id: Int64) -> AuditRecord? { entries.withLock { $0.removeValue(forKey: id) } }
+
+    var count: Int { entries.withLock { $0.count } }
 }
 
 private func columnText(_ row: OpaquePointer, _ column: Int32) -> String? {

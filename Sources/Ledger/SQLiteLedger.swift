@@ -13,6 +13,8 @@ public final class SQLiteLedger: AuditingLedger {
     public let path: String
     private let database: DatabaseQueue
     let writer: BatchWriter
+    /// The audit fields of events this ledger claimed with steps, until their outcome is recorded.
+    let claimed = ClaimedEvents()
     private let checkpointer: Checkpointer
     /// Reads for audits and replays, beside the writer (WAL: each sees what is committed).
     let reader: SQLiteLedgerReader
@@ -75,7 +77,7 @@ public final class SQLiteLedger: AuditingLedger {
 
     /// Claims `event` (no steps) inside a write already under way (for tests of the writer).
     static func claimForTesting(_ event: LedgerEvent, in db: Database) throws -> Claim {
-        var writer = try EventWriter(db)
+        var writer = try EventWriter(db, claimed: nil)
         return try writer.claim(event, outcome: .pending, steps: [])
     }
 
@@ -210,12 +212,38 @@ public final class SQLiteLedger: AuditingLedger {
                 INSERT INTO audit_start (id, seq, hash) VALUES (1, 0, '\(AuditChain.genesis)');
                 """)
         }
+        // The steps' status check as comparisons: written `status IN (…)`, SQLite built a
+        // temporary b-tree of the list for every row inserted or updated (in a ledger of 16 KiB
+        // pages, a page cache of its own each time). Each event keeps its token's digest, so
+        // its audit record is made without reading the token back.
+        migrator.registerMigration("v8-steps-check-token-digest") { db in
+            try db.execute(sql: """
+                CREATE TABLE steps_v8 (
+                    event_id INTEGER NOT NULL REFERENCES events(id),
+                    idx INTEGER NOT NULL,
+                    kind TEXT NOT NULL,
+                    action TEXT NOT NULL,
+                    status TEXT NOT NULL CHECK (status = 'pending' OR status = 'done' OR status = 'failed'),
+                    detail TEXT,
+                    updated_at REAL NOT NULL,
+                    attempts INTEGER NOT NULL DEFAULT 0,
+                    PRIMARY KEY (event_id, idx)
+                ) WITHOUT ROWID;
+                INSERT INTO steps_v8 (event_id, idx, kind, action, status, detail, updated_at, attempts)
+                    SELECT event_id, idx, kind, action, status, detail, updated_at, attempts FROM steps;
+                DROP TABLE steps;
+                ALTER TABLE steps_v8 RENAME TO steps;
+                CREATE INDEX steps_pending ON steps(status) WHERE status = 'pending';
+                ALTER TABLE events ADD COLUMN token_sha256 TEXT;
+                """)
+        }
         return migrator
     }
 
     public func claim(_ event: LedgerEvent, outcome: EventOutcome, steps: [OutboxStep]) async throws(LedgerError) -> Claim {
-        try await writer.submit { db in
-            var writer = try EventWriter(db)
+        let claimed = self.claimed
+        return try await writer.submit { db in
+            var writer = try EventWriter(db, claimed: claimed)
             let claim = try writer.claim(event, outcome: outcome, steps: steps)
             try writer.audit.commit(in: db)
             return claim
@@ -225,8 +253,9 @@ public final class SQLiteLedger: AuditingLedger {
     /// In a transaction of its own: the caller sized the batch (the pipeline keeps its writes
     /// short while steps' outcomes wait for them).
     public func record(_ entries: [LedgerEntry]) async throws(LedgerError) -> [Claim?] {
-        try await writer.submit(alone: true) { db in
-            var writer = try EventWriter(db)
+        let claimed = self.claimed
+        return try await writer.submit(alone: true) { db in
+            var writer = try EventWriter(db, claimed: claimed)
             var claims: [Claim?] = []
             claims.reserveCapacity(entries.count)
             for entry in entries {
@@ -256,13 +285,16 @@ public final class SQLiteLedger: AuditingLedger {
         /// The audit records of what this write decides: appended to the chain at its end.
         var audit = SQLiteAuditAppender()
         let now = Date().timeIntervalSince1970
+        let claimed: ClaimedEvents?
 
-        init(_ db: Database) throws {
+        init(_ db: Database, claimed: ClaimedEvents?) throws {
             self.db = db
+            self.claimed = claimed
             insert = try db.cachedStatement(sql: """
                 INSERT INTO events (issuer, jti, token, source, event_types, subject, key_id, algorithm,
-                                    key_thumbprint, issued_at, received_at, outcome, steps, updated_at, lease_owner, lease_until)
-                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                                    key_thumbprint, issued_at, received_at, outcome, steps, updated_at, lease_owner, lease_until,
+                                    token_sha256)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                 ON CONFLICT (issuer, jti) DO NOTHING
                 """)
         }
@@ -291,6 +323,7 @@ public final class SQLiteLedger: AuditingLedger {
                 $0.double(event.receivedAt)
                 $0.text(event.leaseOwner)
                 $0.double(event.leaseUntil)
+                $0.text(event.tokenSHA256)
             }
             if inserted == 1 {
                 // SQLite's own call: GRDB's property checks the dispatch queue on every read.
@@ -315,6 +348,9 @@ public final class SQLiteLedger: AuditingLedger {
                         $0.text(step.detail)
                         $0.double(event.receivedAt)
                     }
+                }
+                if !steps.isEmpty {
+                    claimed?.keep(AuditRecord(event: event, eventID: id, kind: .event, outcome: outcome.rawValue, steps: [], recordedAt: now))
                 }
                 return audited(.new(eventID: id), event, outcome: outcome, hasSteps: !steps.isEmpty)
             }
@@ -343,7 +379,9 @@ public final class SQLiteLedger: AuditingLedger {
     }
 
     public func record(outcome: EventOutcome, forEvent eventID: Int64) async throws(LedgerError) {
+        let claimed = self.claimed
         try await writer.submit(urgent: true) { db in
+            if outcome.isFinal { _ = claimed.take(eventID) }
             let now = Date().timeIntervalSince1970
             try db.cachedStatement(sql: "UPDATE events SET outcome = ?, updated_at = ? WHERE id = ?")
                 .execute(arguments: [outcome.rawValue, now, eventID])
@@ -357,6 +395,7 @@ public final class SQLiteLedger: AuditingLedger {
     }
 
     public func recordSteps(_ records: [RecordedStep]) async throws(LedgerError) -> RecordedSteps {
+        let claimed = self.claimed
         let (refusals, committedAt) = try await writer.submitTimed(urgent: true) { db in
             let now = Date().timeIntervalSince1970
             // Looked up once for the whole write, and bound without building arguments: one
@@ -389,13 +428,32 @@ public final class SQLiteLedger: AuditingLedger {
                     continue
                 }
                 if let finishing = record.finishing {
-                    if finishEvent == nil { finishEvent = try db.cachedStatement(sql: "UPDATE events SET outcome = ?, updated_at = ? WHERE id = ?") }
-                    try binder.execute(finishEvent!, in: db) {
+                    // The event's audit fields as this ledger claimed it, if it did: the update
+                    // confirms the row is still that event (issuer and jti), or they are read back.
+                    var claim = claimed.take(record.eventID)
+                    if finishEvent == nil {
+                        finishEvent = try db.cachedStatement(sql: """
+                            UPDATE events SET outcome = ?, updated_at = ? WHERE id = ? AND (?4 IS NULL OR (issuer = ?4 AND jti = ?5))
+                            """)
+                    }
+                    let finished = try binder.execute(finishEvent!, in: db) {
                         $0.text(finishing.rawValue)
                         $0.double(now)
                         $0.integer(record.eventID)
+                        $0.text(claim?.issuer)
+                        $0.text(claim?.jti)
                     }
-                    try audit.appendOutcome(ofEvent: record.eventID, outcome: finishing, at: now, in: db)
+                    if finished == 0, claim != nil {
+                        claim = nil
+                        try binder.execute(finishEvent!, in: db) {
+                            $0.text(finishing.rawValue)
+                            $0.double(now)
+                            $0.integer(record.eventID)
+                            $0.text(nil)
+                            $0.text(nil)
+                        }
+                    }
+                    try audit.appendOutcome(ofEvent: record.eventID, outcome: finishing, at: now, in: db, claimed: claim)
                 }
                 refusals.append(nil)
             }

@@ -529,21 +529,28 @@ extension JSONValue {
                 out.append(contentsOf: utf8)
                 return
             }
-            for byte in utf8 {
+            // Runs of bytes that need no escape go in whole, between the escapes (a subject's
+            // JSON text is mostly such runs, between quotes). UTF-8 (valid: it is a Swift
+            // string) goes in as it is.
+            var run = 0
+            for (i, byte) in utf8.enumerated() where byte < 0x20 || byte == 0x22 || byte == 0x5C {
+                out.append(contentsOf: UnsafeBufferPointer(rebasing: utf8[run..<i]))
+                run = i + 1
+                out.append(UInt8(ascii: "\\"))
                 switch byte {
-                case UInt8(ascii: "\""): out += #"\""#.utf8
-                case UInt8(ascii: "\\"): out += #"\\"#.utf8
-                case UInt8(ascii: "\n"): out += #"\n"#.utf8
-                case UInt8(ascii: "\r"): out += #"\r"#.utf8
-                case UInt8(ascii: "\t"): out += #"\t"#.utf8
-                case 0x08: out += #"\b"#.utf8
-                case 0x0C: out += #"\f"#.utf8
-                case ..<0x20:
-                    out += #"\u00"#.utf8
-                    out += [hexDigits[Int(byte >> 4)], hexDigits[Int(byte & 0xF)]]
-                default: out.append(byte)  // UTF-8 (valid: it is a Swift string) goes in as it is
+                case UInt8(ascii: "\""), UInt8(ascii: "\\"): out.append(byte)
+                case UInt8(ascii: "\n"): out.append(UInt8(ascii: "n"))
+                case UInt8(ascii: "\r"): out.append(UInt8(ascii: "r"))
+                case UInt8(ascii: "\t"): out.append(UInt8(ascii: "t"))
+                case 0x08: out.append(UInt8(ascii: "b"))
+                case 0x0C: out.append(UInt8(ascii: "f"))
+                default:
+                    out += "u00".utf8
+                    out.append(hexDigits[Int(byte >> 4)])
+                    out.append(hexDigits[Int(byte & 0xF)])
                 }
             }
+            out.append(contentsOf: UnsafeBufferPointer(rebasing: utf8[run...]))
         }
         out.append(UInt8(ascii: "\""))
     }

@@ -55,6 +55,77 @@ struct SQLiteLedgerTests {
         #expect(try ledger.events().map(\.token) == ["old.token.sig", "new.token.sig"])
     }
 
+    /// The steps' status check is made of comparisons, so inserting or updating a step builds
+    /// no temporary b-tree; a ledger from before keeps its steps and still refuses an unknown
+    /// status. Each event keeps its token's digest; the outcome of an event claimed before
+    /// that names its token's digest, read from the token.
+    @Test func stepsKeepTheirCheckWithoutATemporaryTableAndOlderEventsOutcomesNameTheirTokensDigest() async throws {
+        let path = Self.temporaryPath()
+        try SQLiteLedger.create(path: path, upTo: "v7-retention")
+        _ = try await runProgram("/usr/bin/sqlite3", [path, """
+            INSERT INTO events (id, issuer, jti, token, source, event_types, subject, key_id, algorithm, key_thumbprint,
+                                issued_at, received_at, outcome, steps, updated_at)
+            VALUES (1, 'https://issuer.example/', 'old', '', 'kafka:t/0/0', '["urn:x"]', NULL, 'k1', 'RS256', 'tp',
+                    1800000000, 1800000001, 'pending', '["sessions"]', 1800000001);
+            INSERT INTO event_tokens (event_id, token) VALUES (1, 'old.token.sig');
+            INSERT INTO steps (event_id, idx, kind, action, status, detail, updated_at, attempts)
+            VALUES (1, 0, 'sessions', '{}', 'pending', NULL, 1800000001, 2);
+            """])
+        let ledger = try SQLiteLedger(path: path)
+        #expect(try await runProgram("/usr/bin/sqlite3", [path, "SELECT event_id, idx, kind, status, attempts FROM steps"])
+            == "1|0|sessions|pending|2")
+        for statement in ["INSERT INTO steps (event_id, idx, kind, action, status, detail, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                          "UPDATE steps SET status = ?, detail = ? WHERE event_id = ? AND idx = ? AND status = 'pending'"] {
+            let plan = try await runProgram("/usr/bin/sqlite3", [path, "EXPLAIN " + statement])
+            #expect(plan.contains("Insert") || plan.contains("IdxInsert"))
+            #expect(!plan.contains("OpenEphemeral"), "\(statement)")
+        }
+        await #expect(throws: (any Error).self) {
+            try await runProgram("/usr/bin/sqlite3", [path, """
+                INSERT INTO steps (event_id, idx, kind, action, status, detail, updated_at) VALUES (1, 1, 'x', '{}', 'maybe', NULL, 0)
+                """])
+        }
+        // The older event's outcome: its token's digest, read from the token.
+        let refusals = try await ledger.recordSteps([RecordedStep(eventID: 1, index: 0, status: .done, detail: "ok", finishing: .processed)]).refusals
+        #expect(refusals.count == 1 && refusals.allSatisfy { $0 == nil })
+        let old = try #require(try await ledger.auditRecords(afterSeq: 0, limit: 10).last?.record)
+        #expect(old.contains(#""token_sha256":"\#(AuditChain.sha256Hex(Array("old.token.sig".utf8)))""#))
+        #expect(old.contains(#""jti":"old""#) && old.contains(#""attempts":3"#))
+
+        // A new event keeps its digest; its outcome's record is made from the claim.
+        var new = Self.event(jti: "new")
+        new.tokenBytes = Array("new.token.sig".utf8)
+        let steps = [OutboxStep(index: 0, kind: "sessions", action: "{}")]
+        guard case .new(let id) = try await ledger.claim(new, outcome: .pending, steps: steps) else {
+            Issue.record("a new event was not claimed")
+            return
+        }
+        let digest = AuditChain.sha256Hex(Array("new.token.sig".utf8))
+        #expect(new.tokenSHA256 == digest)
+        #expect(try await runProgram("/usr/bin/sqlite3", [path, "SELECT token_sha256 FROM events WHERE id = \(id)"]) == digest)
+        #expect(ledger.claimed.count == 1)
+        _ = try await ledger.recordSteps([RecordedStep(eventID: id, index: 0, status: .done, detail: "ok", finishing: .processed)])
+        #expect(ledger.claimed.count == 0)
+        let record = try #require(try await ledger.auditRecords(afterSeq: 0, limit: 10).last?.record)
+        #expect(record.contains(#""token_sha256":"\#(digest)""#) && record.contains(#""jti":"new""#))
+        #expect(record.contains(#""outcome":"processed""#) && record.contains(#""status":"done""#))
+
+        // A claim kept for an id whose row is now another event (another process's write, an id
+        // used again) is not used: the record is read from the row.
+        var other = Self.event(jti: "third")
+        other.tokenBytes = Array("third.token.sig".utf8)
+        guard case .new(let third) = try await ledger.claim(other, outcome: .pending, steps: steps) else {
+            Issue.record("a new event was not claimed")
+            return
+        }
+        _ = try await runProgram("/usr/bin/sqlite3", [path, "UPDATE events SET jti = 'replaced' WHERE id = \(third)"])
+        _ = try await ledger.recordSteps([RecordedStep(eventID: third, index: 0, status: .done, detail: "ok", finishing: .processed)])
+        let replaced = try #require(try await ledger.auditRecords(afterSeq: 0, limit: 10).last?.record)
+        #expect(replaced.contains(#""jti":"replaced""#))
+        #expect(try await runProgram("/usr/bin/sqlite3", [path, "SELECT outcome FROM events WHERE id = \(third)"]) == "processed")
+        await ledger.close()
+    }
+
     /// Committed writes reach the database file beside the writer, well before the WAL is
     /// large enough for the writer to stop and checkpoint it itself.
     @Test func committedWritesAreCopiedIntoTheDatabaseInTheBackground() async throws {
