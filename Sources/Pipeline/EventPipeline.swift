@@ -29,7 +29,7 @@ public struct EventPipeline: Sendable {
     public let maximumWritesInFlight: Int
 
     public init(processor: EventProcessor, maximumWaitingForKeys: Int = 10_000, maximumUnwritten: Int = 16_384,
-                maximumWrite: Int = 1024, maximumWriteWhileActing: Int = 192, maximumWritesInFlight: Int = 4) {
+                maximumWrite: Int = 1024, maximumWriteWhileActing: Int = 96, maximumWritesInFlight: Int = 4) {
         self.processor = processor
         self.maximumWaitingForKeys = maximumWaitingForKeys
         self.maximumUnwritten = maximumUnwritten
