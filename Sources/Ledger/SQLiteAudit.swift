@@ -85,9 +85,9 @@ struct SQLiteAuditAppender {
 
 /// The audit fields of events a SQLite ledger claimed with steps, from their claim until their
 /// outcome is recorded, so that the outcome's audit record is made without reading the event
-/// back. Only the ledger's writer thread uses it; the lock is never contended. A bounded cache:
-/// an event whose outcome another process records is dropped once the cache is full, and an
-/// entry is used only after the outcome's update confirmed the row is still that event.
+/// back. An entry is kept once its claim committed, and used only after the outcome's update
+/// confirmed the row is still that claim (issuer, jti, time received). A bounded cache: when
+/// full, the oldest half goes (an event whose outcome another process recorded stays until then).
 final class ClaimedEvents: Sendable {
     static let capacity = 16_384
     private let entries = Mutex([Int64: AuditRecord]())

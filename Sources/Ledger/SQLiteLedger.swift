@@ -77,7 +77,7 @@ public final class SQLiteLedger: AuditingLedger {
 
     /// Claims `event` (no steps) inside a write already under way (for tests of the writer).
     static func claimForTesting(_ event: LedgerEvent, in db: Database) throws -> Claim {
-        var writer = try EventWriter(db, claimed: nil)
+        var writer = try EventWriter(db)
         return try writer.claim(event, outcome: .pending, steps: [])
     }
 
@@ -241,21 +241,22 @@ public final class SQLiteLedger: AuditingLedger {
     }
 
     public func claim(_ event: LedgerEvent, outcome: EventOutcome, steps: [OutboxStep]) async throws(LedgerError) -> Claim {
-        let claimed = self.claimed
-        return try await writer.submit { db in
-            var writer = try EventWriter(db, claimed: claimed)
+        let (claim, kept) = try await writer.submit { db in
+            var writer = try EventWriter(db)
             let claim = try writer.claim(event, outcome: outcome, steps: steps)
             try writer.audit.commit(in: db)
-            return claim
+            return (claim, writer.claimedWithSteps)
         }
+        // Kept once committed: a write rolled back leaves nothing behind under its ids.
+        kept.forEach(claimed.keep)
+        return claim
     }
 
     /// In a transaction of its own: the caller sized the batch (the pipeline keeps its writes
     /// short while steps' outcomes wait for them).
     public func record(_ entries: [LedgerEntry]) async throws(LedgerError) -> [Claim?] {
-        let claimed = self.claimed
-        return try await writer.submit(alone: true) { db in
-            var writer = try EventWriter(db, claimed: claimed)
+        let (claims, kept) = try await writer.submit(alone: true) { db in
+            var writer = try EventWriter(db)
             var claims: [Claim?] = []
             claims.reserveCapacity(entries.count)
             for entry in entries {
@@ -268,8 +269,10 @@ public final class SQLiteLedger: AuditingLedger {
                 }
             }
             try writer.audit.commit(in: db)
-            return claims
+            return (claims, writer.claimedWithSteps)
         }
+        kept.forEach(claimed.keep)
+        return claims
     }
 
     /// Claims events within one write: the insert statements looked up once, and one binder
@@ -285,11 +288,11 @@ public final class SQLiteLedger: AuditingLedger {
         /// The audit records of what this write decides: appended to the chain at its end.
         var audit = SQLiteAuditAppender()
         let now = Date().timeIntervalSince1970
-        let claimed: ClaimedEvents?
+        /// The audit fields of the new events with steps, for `ClaimedEvents` once committed.
+        var claimedWithSteps: [AuditRecord] = []
 
-        init(_ db: Database, claimed: ClaimedEvents?) throws {
+        init(_ db: Database) throws {
             self.db = db
-            self.claimed = claimed
             insert = try db.cachedStatement(sql: """
                 INSERT INTO events (issuer, jti, token, source, event_types, subject, key_id, algorithm,
                                     key_thumbprint, issued_at, received_at, outcome, steps, updated_at, lease_owner, lease_until,
@@ -350,7 +353,8 @@ public final class SQLiteLedger: AuditingLedger {
                     }
                 }
                 if !steps.isEmpty {
-                    claimed?.keep(AuditRecord(event: event, eventID: id, kind: .event, outcome: outcome.rawValue, steps: [], recordedAt: now))
+                    claimedWithSteps.append(AuditRecord(event: event, eventID: id, kind: .event, outcome: outcome.rawValue, steps: [],
+                                                        recordedAt: now))
                 }
                 return audited(.new(eventID: id), event, outcome: outcome, hasSteps: !steps.isEmpty)
             }
@@ -429,11 +433,13 @@ public final class SQLiteLedger: AuditingLedger {
                 }
                 if let finishing = record.finishing {
                     // The event's audit fields as this ledger claimed it, if it did: the update
-                    // confirms the row is still that event (issuer and jti), or they are read back.
+                    // confirms the row is still that claim (issuer, jti and when it was received),
+                    // or they are read back from the row.
                     var claim = claimed.take(record.eventID)
                     if finishEvent == nil {
                         finishEvent = try db.cachedStatement(sql: """
-                            UPDATE events SET outcome = ?, updated_at = ? WHERE id = ? AND (?4 IS NULL OR (issuer = ?4 AND jti = ?5))
+                            UPDATE events SET outcome = ?, updated_at = ?
+                            WHERE id = ? AND (?4 IS NULL OR (issuer = ?4 AND jti = ?5 AND received_at = ?6))
                             """)
                     }
                     let finished = try binder.execute(finishEvent!, in: db) {
@@ -442,6 +448,7 @@ public final class SQLiteLedger: AuditingLedger {
                         $0.integer(record.eventID)
                         $0.text(claim?.issuer)
                         $0.text(claim?.jti)
+                        $0.double(claim?.receivedAt)
                     }
                     if finished == 0, claim != nil {
                         claim = nil
@@ -451,6 +458,7 @@ public final class SQLiteLedger: AuditingLedger {
                             $0.integer(record.eventID)
                             $0.text(nil)
                             $0.text(nil)
+                            $0.double(nil)
                         }
                     }
                     try audit.appendOutcome(ofEvent: record.eventID, outcome: finishing, at: now, in: db, claimed: claim)

@@ -80,10 +80,13 @@ struct SQLiteLedgerTests {
             #expect(plan.contains("Insert") || plan.contains("IdxInsert"))
             #expect(!plan.contains("OpenEphemeral"), "\(statement)")
         }
-        await #expect(throws: (any Error).self) {
-            try await runProgram("/usr/bin/sqlite3", [path, """
+        do {
+            _ = try await runProgram("/usr/bin/sqlite3", [path, """
                 INSERT INTO steps (event_id, idx, kind, action, status, detail, updated_at) VALUES (1, 1, 'x', '{}', 'maybe', NULL, 0)
                 """])
+            Issue.record("a step with an unknown status was inserted")
+        } catch {
+            #expect("\(error)".contains("CHECK constraint failed"))
         }
         // The older event's outcome: its token's digest, read from the token.
         let refusals = try await ledger.recordSteps([RecordedStep(eventID: 1, index: 0, status: .done, detail: "ok", finishing: .processed)]).refusals
@@ -104,25 +107,32 @@ struct SQLiteLedgerTests {
         #expect(new.tokenSHA256 == digest)
         #expect(try await runProgram("/usr/bin/sqlite3", [path, "SELECT token_sha256 FROM events WHERE id = \(id)"]) == digest)
         #expect(ledger.claimed.count == 1)
+        // Made from the claim, not read back: a subject changed behind the ledger's back is not seen.
+        _ = try await runProgram("/usr/bin/sqlite3", [path, "UPDATE events SET subject = '{}' WHERE id = \(id)"])
         _ = try await ledger.recordSteps([RecordedStep(eventID: id, index: 0, status: .done, detail: "ok", finishing: .processed)])
         #expect(ledger.claimed.count == 0)
         let record = try #require(try await ledger.auditRecords(afterSeq: 0, limit: 10).last?.record)
         #expect(record.contains(#""token_sha256":"\#(digest)""#) && record.contains(#""jti":"new""#))
         #expect(record.contains(#""outcome":"processed""#) && record.contains(#""status":"done""#))
+        #expect(record.contains(#"\"sub\":\"1\""#))
 
-        // A claim kept for an id whose row is now another event (another process's write, an id
-        // used again) is not used: the record is read from the row.
-        var other = Self.event(jti: "third")
-        other.tokenBytes = Array("third.token.sig".utf8)
-        guard case .new(let third) = try await ledger.claim(other, outcome: .pending, steps: steps) else {
-            Issue.record("a new event was not claimed")
-            return
+        // A claim kept for an id whose row is now another claim (another process's write, an id
+        // used again: another jti, or the same one received at another time) is not used: the
+        // record is read from the row.
+        for (n, change) in ["jti = 'replaced'", "received_at = 1800000099"].enumerated() {
+            var other = Self.event(jti: "other-\(n)")
+            other.tokenBytes = Array("other.token.sig".utf8)
+            guard case .new(let otherID) = try await ledger.claim(other, outcome: .pending, steps: steps) else {
+                Issue.record("a new event was not claimed")
+                return
+            }
+            _ = try await runProgram("/usr/bin/sqlite3", [path, "UPDATE events SET \(change), subject = '{}' WHERE id = \(otherID)"])
+            _ = try await ledger.recordSteps([RecordedStep(eventID: otherID, index: 0, status: .done, detail: "ok", finishing: .processed)])
+            let replaced = try #require(try await ledger.auditRecords(afterSeq: 0, limit: 10).last?.record)
+            #expect(replaced.contains(n == 0 ? #""jti":"replaced""# : #""received_at":"2027-01-15T08:01:39.000Z""#), "\(replaced)")
+            #expect(replaced.contains(#""subject":"{}""#), "\(replaced)")
+            #expect(try await runProgram("/usr/bin/sqlite3", [path, "SELECT outcome FROM events WHERE id = \(otherID)"]) == "processed")
         }
-        _ = try await runProgram("/usr/bin/sqlite3", [path, "UPDATE events SET jti = 'replaced' WHERE id = \(third)"])
-        _ = try await ledger.recordSteps([RecordedStep(eventID: third, index: 0, status: .done, detail: "ok", finishing: .processed)])
-        let replaced = try #require(try await ledger.auditRecords(afterSeq: 0, limit: 10).last?.record)
-        #expect(replaced.contains(#""jti":"replaced""#))
-        #expect(try await runProgram("/usr/bin/sqlite3", [path, "SELECT outcome FROM events WHERE id = \(third)"]) == "processed")
         await ledger.close()
     }
 
