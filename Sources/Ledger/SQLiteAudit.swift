@@ -23,30 +23,23 @@ struct SQLiteAuditAppender {
             record.outcome = outcome.rawValue
             record.note = note
             record.recordedAt = now
-            record.steps = []
             return record
         }
         if record == nil {
             try binder.query(db.cachedStatement(sql: """
-                SELECT e.issuer, e.jti, e.token_sha256, e.source, e.event_types, e.subject, e.key_id, e.algorithm,
+                SELECT e.issuer, e.jti, \(tokenDigestColumns), e.source, e.event_types, e.subject, e.key_id, e.algorithm,
                        e.key_thumbprint, e.issued_at, e.received_at
-                FROM events e WHERE e.id = ?
+                FROM events e LEFT JOIN event_tokens t ON t.event_id = e.id WHERE e.id = ?
                 """), in: db, { $0.integer(eventID) }, row: { row in
-                let types = (try? JSONParser.parse(columnBytes(row, 4)))?.arrayValue?.compactMap(\.stringValue) ?? []
-                record = AuditRecord(kind: kind, eventID: eventID, source: columnText(row, 3) ?? "", receivedAt: sqlite3_column_double(row, 10),
-                                     tokenSHA256: columnText(row, 2) ?? "", issuer: columnText(row, 0),
-                                     jti: columnText(row, 1), eventTypes: types, subject: columnText(row, 5),
-                                     keyID: columnText(row, 6), algorithm: columnText(row, 7), keyThumbprint: columnText(row, 8),
-                                     issuedAt: sqlite3_column_double(row, 9), outcome: outcome.rawValue, note: note, recordedAt: now)
+                let types = (try? JSONParser.parse(columnBytes(row, 5)))?.arrayValue?.compactMap(\.stringValue) ?? []
+                record = AuditRecord(kind: kind, eventID: eventID, source: columnText(row, 4) ?? "", receivedAt: sqlite3_column_double(row, 11),
+                                     tokenSHA256: tokenDigest(stored: columnText(row, 2), token: columnBytes(row, 3)), issuer: columnText(row, 0),
+                                     jti: columnText(row, 1), eventTypes: types, subject: columnText(row, 6),
+                                     keyID: columnText(row, 7), algorithm: columnText(row, 8), keyThumbprint: columnText(row, 9),
+                                     issuedAt: sqlite3_column_double(row, 10), outcome: outcome.rawValue, note: note, recordedAt: now)
             })
         }
         guard var record else { throw LedgerError(.conflict, "no event with id \(eventID) in the ledger") }
-        // An event claimed before its digest was kept: from its token.
-        if record.tokenSHA256?.isEmpty ?? true {
-            try binder.query(db.cachedStatement(sql: """
-                SELECT coalesce(t.token, e.token) FROM events e LEFT JOIN event_tokens t ON t.event_id = e.id WHERE e.id = ?
-                """), in: db, { $0.integer(eventID) }, row: { row in record.tokenSHA256 = AuditChain.sha256Hex(columnBytes(row, 0)) })
-        }
         try binder.query(db.cachedStatement(sql: "SELECT idx, kind, status, detail, attempts FROM steps WHERE event_id = ? ORDER BY idx"),
                          in: db, { $0.integer(eventID) }, row: { row in
             record.steps.append(AuditRecord.Step(index: Int(sqlite3_column_int64(row, 0)), kind: columnText(row, 1) ?? "",
@@ -82,6 +75,13 @@ struct SQLiteAuditAppender {
         records.removeAll()
     }
 }
+
+/// An event's token digest, as two columns of `events e LEFT JOIN event_tokens t`: the digest kept
+/// with the event, and (only for an event claimed before digests were kept) its token.
+let tokenDigestColumns = "e.token_sha256, CASE WHEN e.token_sha256 IS NULL THEN coalesce(t.token, e.token) END"
+
+/// The digest `tokenDigestColumns` read: the one kept, or the token's.
+func tokenDigest(stored: String?, token: [UInt8]) -> String { stored ?? AuditChain.sha256Hex(token) }
 
 /// The audit fields of events a SQLite ledger claimed with steps, from their claim until their
 /// outcome is recorded, so that the outcome's audit record is made without reading the event
@@ -166,7 +166,7 @@ extension SQLiteLedger {
                 arguments.reserveCapacity(chunk.count * 2)
                 for key in chunk { arguments += [key.issuer, key.jti] }
                 let rows = try Row.fetchAll(db, sql: """
-                    SELECT e.id, e.issuer, e.jti, coalesce(t.token, e.token) AS token, e.outcome, e.source, e.received_at
+                    SELECT e.id, e.issuer, e.jti, \(tokenDigestColumns), e.outcome, e.source, e.received_at
                     FROM events e LEFT JOIN event_tokens t ON t.event_id = e.id
                     WHERE (e.issuer, e.jti) IN (VALUES \(Array(repeating: "(?, ?)", count: chunk.count).joined(separator: ", ")))
                     """, arguments: StatementArguments(arguments))
@@ -182,10 +182,10 @@ extension SQLiteLedger {
                 }
                 for row in rows {
                     let id: Int64 = row[0]
-                    let token: String = row[3]
+                    let token: String? = row[4]
                     states[EventKey(issuer: row[1], jti: row[2])] = EventState(
-                        id: id, tokenSHA256: AuditChain.sha256Hex(Array(token.utf8)), outcome: EventOutcome(rawValue: row[4]) ?? .claimed,
-                        source: row[5], receivedAt: row[6], steps: steps[id] ?? [])
+                        id: id, tokenSHA256: tokenDigest(stored: row[3], token: Array((token ?? "").utf8)),
+                        outcome: EventOutcome(rawValue: row[5]) ?? .claimed, source: row[6], receivedAt: row[7], steps: steps[id] ?? [])
                 }
             }
             return states

@@ -442,24 +442,19 @@ public final class SQLiteLedger: AuditingLedger {
                             WHERE id = ? AND (?4 IS NULL OR (issuer = ?4 AND jti = ?5 AND received_at = ?6))
                             """)
                     }
-                    let finished = try binder.execute(finishEvent!, in: db) {
-                        $0.text(finishing.rawValue)
-                        $0.double(now)
-                        $0.integer(record.eventID)
-                        $0.text(claim?.issuer)
-                        $0.text(claim?.jti)
-                        $0.double(claim?.receivedAt)
-                    }
-                    if finished == 0, claim != nil {
-                        claim = nil
+                    func finish(as claim: AuditRecord?) throws -> Int {
                         try binder.execute(finishEvent!, in: db) {
                             $0.text(finishing.rawValue)
                             $0.double(now)
                             $0.integer(record.eventID)
-                            $0.text(nil)
-                            $0.text(nil)
-                            $0.double(nil)
+                            $0.text(claim?.issuer)
+                            $0.text(claim?.jti)
+                            $0.double(claim?.receivedAt)
                         }
+                    }
+                    if try finish(as: claim) == 0, claim != nil {
+                        claim = nil
+                        _ = try finish(as: nil)
                     }
                     try audit.appendOutcome(ofEvent: record.eventID, outcome: finishing, at: now, in: db, claimed: claim)
                 }

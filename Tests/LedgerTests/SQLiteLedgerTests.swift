@@ -113,6 +113,11 @@ struct SQLiteLedgerTests {
         #expect(ledger.claimed.count == 0)
         let record = try #require(try await ledger.auditRecords(afterSeq: 0, limit: 10).last?.record)
         #expect(record.contains(#""token_sha256":"\#(digest)""#) && record.contains(#""jti":"new""#))
+        // Replay's lookups name the same digests: the one kept, and the older event's from its token.
+        let states = try await ledger.eventStates([EventKey(issuer: "https://issuer.example/", jti: "old"),
+                                                   EventKey(issuer: "https://issuer.example/", jti: "new")])
+        #expect(states[EventKey(issuer: "https://issuer.example/", jti: "old")]?.tokenSHA256 == AuditChain.sha256Hex(Array("old.token.sig".utf8)))
+        #expect(states[EventKey(issuer: "https://issuer.example/", jti: "new")]?.tokenSHA256 == digest)
         #expect(record.contains(#""outcome":"processed""#) && record.contains(#""status":"done""#))
         #expect(record.contains(#"\"sub\":\"1\""#))
 
