@@ -3,7 +3,7 @@
 # saturation, then p50/p99 at a fixed rate of about 2,000 requests/s, and the worker's peak RSS.
 # Each request is a distinct RS256 SET, taken into the SQLite ledger before its 202.
 #
-# Saturation is where adding clients no longer adds throughput: wrk runs with 64, 128 and 256
+# Saturation is where adding clients no longer adds throughput: wrk runs with 64, 128, 256 and 512
 # connections in turn and the highest rate is the figure. Each connection has one request in
 # flight, so with too few the receiver waits for its clients (the machine is left partly idle)
 # and the figure would be the clients' limit, not the receiver's. Every run starts a fresh
@@ -55,7 +55,7 @@ stop_worker() { # ANSWERED
 cpu_idle() { awk '/^cpu / {print $5 + $6, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat; }
 echo "openssl speed -multi 2 -seconds 3 rsa2048: $(openssl speed -multi 2 -seconds 3 rsa2048 2>/dev/null | awk '/^rsa 2048 bits/ {print $NF}') verify/s (the machine's two-core limit)"
 best=0; best_connections=0
-for connections in 64 128 256; do
+for connections in 64 128 256 512; do
     start_worker
     echo "--- saturation: wrk -t2 -c$connections -d5s"
     read -r i0 t0 < <(cpu_idle)
