@@ -182,27 +182,49 @@ public struct Planner: Sendable {
     /// Replaces each `{name}` with its value. Inside a glob pattern, a value's own `*?[]\` are
     /// escaped, so a subject cannot widen what a pattern matches.
     static func substitute(_ template: String, values: [String: String], escapeGlob: Bool) throws(SkippedStep.Reason) -> String {
-        var out = ""
-        var rest = template[...]
-        while let open = rest.firstIndex(of: "{"), let close = rest[open...].firstIndex(of: "}") {
-            out += rest[..<open]
-            let name = String(rest[rest.index(after: open)..<close])
+        // On UTF-8 bytes: `{`, `}` and the glob's special characters are ASCII, and in UTF-8 an
+        // ASCII byte is never part of another character's encoding.
+        let open = UInt8(ascii: "{"), close = UInt8(ascii: "}")
+        let bytes = Array(template.utf8)
+        guard bytes.contains(open) else { return template }
+        var out: [UInt8] = []
+        out.reserveCapacity(bytes.count + 32)
+        var i = 0
+        while i < bytes.count {
+            guard bytes[i] == open, let end = bytes[(i + 1)...].firstIndex(of: close) else {
+                out.append(bytes[i])
+                i += 1
+                continue
+            }
+            let name = String(decoding: bytes[(i + 1)..<end], as: UTF8.self)
             guard let value = values[name] else {
                 throw name == "user" ? .unresolvedSubject : .missingValue(name)
             }
-            out += escapeGlob ? globEscaped(value) : value
-            rest = rest[rest.index(after: close)...]
+            if escapeGlob { appendGlobEscaped(value, to: &out) } else { out += value.utf8 }
+            i = end + 1
         }
-        return out + rest
+        return String(decoding: out, as: UTF8.self)
     }
 
+    /// `value` with a backslash before each of its `*?[]\` bytes. Redis matches patterns byte by
+    /// byte, so the escaping is too: a `*` followed by a combining mark is one character to
+    /// Swift, but still a wildcard to Redis.
     static func globEscaped(_ value: String) -> String {
-        var out = ""
-        for c in value {
-            if "*?[]\\".contains(c) { out.append("\\") }
-            out.append(c)
+        var out: [UInt8] = []
+        out.reserveCapacity(value.utf8.count + 4)
+        appendGlobEscaped(value, to: &out)
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    private static func appendGlobEscaped(_ value: String, to out: inout [UInt8]) {
+        for byte in value.utf8 {
+            switch byte {
+            case UInt8(ascii: "*"), UInt8(ascii: "?"), UInt8(ascii: "["), UInt8(ascii: "]"), UInt8(ascii: "\\"):
+                out.append(UInt8(ascii: "\\"))
+            default: break
+            }
+            out.append(byte)
         }
-        return out
     }
 }
 

@@ -157,6 +157,21 @@ struct ConfiguredPolicyTests {
         #expect(plan.steps.map(\.action) == [.purgePattern(target: "sessions", pattern: #"session:\*:*"#)])
     }
 
+    /// Redis matches a pattern byte by byte: a wildcard that Swift sees as part of a larger
+    /// character (followed by a combining mark) is escaped all the same.
+    @Test func aWildcardFollowedByACombiningMarkIsEscapedToo() throws {
+        let policy = Policy(rules: [EventURIPrefix.risc + "sessions-revoked": [
+            PolicyRule(.purgePattern(target: "sessions", pattern: "session:{user}:*")),
+        ]])
+        let user = "a*\u{301}b?\u{308}[x]\\é"
+        let plan = Planner(policy: policy).plan(token("sessions-revoked"), subject: .user(user))
+        #expect(plan.steps.map(\.action) == [.purgePattern(target: "sessions",
+                                                           pattern: "session:a\\*\u{301}b\\?\u{308}\\[x\\]\\\\é:*")])
+        // Outside patterns a value is put in as it is, and a brace without its pair is kept.
+        #expect(try Planner.substitute("k:{user}:{", values: ["user": user], escapeGlob: false) == "k:\(user):{")
+        #expect(try Planner.substitute("{x}{user}", values: ["x": "é", "user": "*"], escapeGlob: false) == "é*")
+    }
+
     @Test func conditionsMatchListedValuesPresenceAndAbsence() {
         let event = token("account-disabled", #"{"reason":"bulk-account"}"#)
         #expect(Condition([("reason", .oneOf(["hijacking", "bulk-account"]))]).matches(event.events[0], in: event))
