@@ -26,6 +26,24 @@ struct SQLiteLedgerTests {
         #expect(try await SQLiteLedger(path: path).synchronousLevel() == 2)
     }
 
+    /// The writer and checkpoint threads carry names of their own where `top -H` and `perf`
+    /// read them (`/proc/…/task/…/comm`), not the name of the thread that opened the ledger.
+    @Test func theLedgersThreadsAreNamedForTheKernel() async throws {
+        let ledger = try SQLiteLedger(path: Self.temporaryPath())
+        _ = try await ledger.synchronousLevel()  // the writer has run
+        func names() -> Set<String> {
+            let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/task")) ?? []
+            return Set(tasks.compactMap { try? String(contentsOfFile: "/proc/self/task/\($0)/comm", encoding: .utf8) }
+                .map { $0.trimmingCharacters(in: .whitespacesAndNewlines) })
+        }
+        var seen = names()
+        for _ in 0..<100 where !seen.isSuperset(of: ["warden-ledger", "warden-checkpts"]) {
+            try await Task.sleep(for: .milliseconds(20))
+            seen = names()
+        }
+        #expect(seen.isSuperset(of: ["warden-ledger", "warden-checkpts"]))
+    }
+
     /// A new event's token is kept apart from its row (which its outcome rewrites); events of
     /// a ledger written before that keep theirs in the row, and both read back whole.
     @Test func tokensOfEventsRecordedBeforeAndAfterTheyMovedToATableOfTheirOwn() async throws {
