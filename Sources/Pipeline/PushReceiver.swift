@@ -4,6 +4,7 @@ import Ledger
 public import Hummingbird
 public import Logging
 import NIOCore
+import SecurityEvents
 public import ServiceLifecycle
 public import Invalidation
 import Synchronization
@@ -173,9 +174,9 @@ public struct PushReceiver: Sendable {
     static func refused(code: String, description: String) -> Response {
         var body: [UInt8] = []
         body += Array("{\"err\":".utf8)
-        body += jsonString(code)
+        JSONValue.writeString(code, to: &body)
         body += Array(",\"description\":".utf8)
-        body += jsonString(description)
+        JSONValue.writeString(description, to: &body)
         body += Array("}".utf8)
         return Response(status: .badRequest, headers: [.contentType: "application/json", .contentLanguage: "en"],
                         body: .init(byteBuffer: ByteBuffer(bytes: body)))
@@ -198,24 +199,6 @@ public struct PushReceiver: Sendable {
 
     static func unavailable() -> Response {
         Response(status: .serviceUnavailable, headers: [.retryAfter: "\(retryAfterSeconds)"])
-    }
-
-    /// A JSON string literal: quotes, backslashes and control characters escaped.
-    static func jsonString(_ text: String) -> [UInt8] {
-        var out: [UInt8] = [0x22]
-        for byte in text.utf8 {
-            switch byte {
-            case 0x22: out += [0x5C, 0x22]
-            case 0x5C: out += [0x5C, 0x5C]
-            case 0x0A: out += [0x5C, 0x6E]
-            case 0x0D: out += [0x5C, 0x72]
-            case 0x09: out += [0x5C, 0x74]
-            case 0..<0x20: out += Array(String(format: "\\u%04x", byte).utf8)
-            default: out.append(byte)
-            }
-        }
-        out.append(0x22)
-        return out
     }
 }
 
