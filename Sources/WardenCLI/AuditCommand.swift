@@ -86,7 +86,9 @@ extension WardenCommand {
         private func export(_ ledger: any AuditingLedger) async throws -> Int32 {
             let from = from.flatMap(RFC3339.parse) ?? -.infinity
             let to = to.flatMap(RFC3339.parse) ?? .infinity
-            var after: Int64 = 0
+            // From the chain's start: nothing at or before it is part of the chain (verify names
+            // such a record).
+            var after = try await ledger.auditStart().seq
             var buffer = ""
             while true {
                 let page = try await ledger.auditRecords(afterSeq: after, limit: 1000)

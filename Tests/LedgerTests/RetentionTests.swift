@@ -101,4 +101,36 @@ struct RetentionTests {
         }
         #expect(reason.contains("missing") || reason.contains("start"), "\(reason)")
     }
+
+    /// The worker prunes while `warden audit verify` reads: a start moved between reading it and
+    /// reading the records is no tampering — the check starts again from the new start.
+    @Test(arguments: Backend.allCases) func pruningWhileTheChainIsReadIsNoBreak(_ backend: Backend) async throws {
+        let storage = try await LedgerUnderTest(backend)
+        let ledger = try await audit.populated(storage)
+        var pruned = false
+        let finding = try await ledger.checkAuditChain(pageSize: 1000, afterReadingTheStart: { () async throws(LedgerError) in
+            guard !pruned else { return }
+            pruned = true
+            _ = try await ledger.prune(before: 1_800_000_005, limit: 100, afterEventID: 0)
+        })
+        #expect(pruned)
+        #expect(try await ledger.auditStart().seq > 0, "the prune dropped records")
+        guard case .intact = finding else { Issue.record("a prune during the check is not tampering: \(finding)"); return }
+    }
+
+    /// Retention leaves no record at or before the start: one put there by hand is named by
+    /// verify (it would otherwise be exported unchecked).
+    @Test(arguments: Backend.allCases) func aRecordInsertedBeforeTheStartIsNamed(_ backend: Backend) async throws {
+        let storage = try await LedgerUnderTest(backend)
+        let ledger = try await audit.populated(storage)
+        _ = try await pruneAll(ledger, before: 1_800_000_005, limit: 100)
+        let start = try await ledger.auditStart()
+        guard case .intact = try await ledger.checkAuditChain() else { Issue.record("intact after the cut"); return }
+        try await audit.tamper(storage, "INSERT INTO audit_records (seq, record, prev_hash, hash) VALUES (\(start.seq), '{\"forged\":1}', 'x', 'y')")
+        guard case .broken(let seq, let reason) = try await ledger.checkAuditChain() else {
+            Issue.record("a record before the start must be named"); return
+        }
+        #expect(seq == start.seq)
+        #expect(reason.contains("inserted by hand"), "\(reason)")
+    }
 }

@@ -237,16 +237,20 @@ struct AuditExportTests {
             from jsonschema import Draft202012Validator
             schema = json.load(open(sys.argv[1]))
             validator = Draft202012Validator(schema)
-            previous = "0" * 64
+            previous, start = "0" * 64, None
             for n, line in enumerate(open(sys.argv[2]), 1):
                 record = json.loads(line)
                 errors = list(validator.iter_errors(record))
                 if errors: sys.exit(f"line {n}: {errors[0].message}")
                 stored, link = record.pop("hash"), record.pop("prev_hash")
+                # After retention the export starts where the chain kept does: a checkpoint must name it.
+                if n == 1 and link != previous: previous = start = link
+                if record.get("kind") == "checkpoint" and record["pruned_through_hash"] == start: start = None
                 if link != previous: sys.exit(f"line {n}: prev_hash does not link")
                 text = json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
                 if hashlib.sha256((previous + "\\n" + text).encode()).hexdigest() != stored: sys.exit(f"line {n}: hash differs")
                 previous = stored
+            if start: sys.exit("the export starts after a cut no checkpoint names")
             print(n)
             """
         let schema = Warden.packageRoot.appendingPathComponent("schemas/audit-record.schema.json")
@@ -254,12 +258,55 @@ struct AuditExportTests {
         #expect(counted == String(lines.count))
     }
 
-    @Test func tamperingIsNamedWithExitOne() async throws {
+    /// A key folder with a configuration naming a SQLite ledger in it (not created yet).
+    static func ledgerFolder() throws -> (directory: URL, config: URL, ledger: String) {
         let directory = try WorkerTests.keyFolder()
-        defer { try? FileManager.default.removeItem(at: directory) }
         let config = directory.appendingPathComponent("warden.yaml")
         try "\(WorkerTests.issuerSection("jwks-file: jwks.json"))\nledger: sqlite:ledger.sqlite\n".write(to: config, atomically: true, encoding: .utf8)
-        let path = directory.appendingPathComponent("ledger.sqlite").path
+        return (directory, config, directory.appendingPathComponent("ledger.sqlite").path)
+    }
+
+    /// After retention: the export starts at the chain's start, checkpoints valid against the
+    /// schema; a record put before the start is named by verify and not exported.
+    @Test func aPrunedChainExportsValidAndWhatLiesBeforeItsStartIsNamed() async throws {
+        let (directory, config, path) = try Self.ledgerFolder()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let ledger = try SQLiteLedger(path: path)
+        for i in 0..<3 {
+            _ = try await ledger.record([
+                .event(LedgerEvent(issuer: WorkerTests.issuer, jti: "j\(i)", token: "a.b.c", source: "push", eventTypes: ["urn:e"],
+                                   subject: #"{"format":"opaque","id":"x"}"#, keyID: "k", algorithm: "RS256",
+                                   keyThumbprint: "t", issuedAt: 1, receivedAt: 2), outcome: .processed, steps: []),
+                .rejection(Rejection(token: [0, 1, 2], source: "push", code: "invalid_request", description: "junk", receivedAt: 3)),
+            ])
+        }
+        // Everything was recorded before a cutoff a day ahead: all goes but the checkpoint.
+        _ = try await ledger.prune(before: Date().timeIntervalSince1970 + 86_400, limit: 100, afterEventID: 0)
+        _ = try await ledger.record([.event(LedgerEvent(issuer: WorkerTests.issuer, jti: "later", token: "a.b.c", source: "push",
+                                                        eventTypes: ["urn:e"], subject: nil, keyID: "k", algorithm: "RS256",
+                                                        keyThumbprint: "t", issuedAt: 1, receivedAt: 2), outcome: .processed, steps: [])])
+        let start = try await ledger.auditStart(), head = try await ledger.auditHead()
+        #expect(start.seq > 0)
+        await ledger.close()
+        let export = try await Warden.run(["audit", "export", "--config", config.path])
+        #expect(export.status == 0)
+        let lines = export.stdout.split(separator: "\n").map(String.init)
+        #expect(lines.count == Int(head.seq - start.seq), "the records after the start: \(export.stdout)")
+        #expect(lines.contains { $0.contains(#""kind":"checkpoint""#) })
+        try await Self.validate(lines)
+        #expect(try await Warden.run(["audit", "verify", "--config", config.path]).status == 0)
+
+        _ = try await runProgram("/usr/bin/sqlite3", [path, "INSERT INTO audit_records VALUES (\(start.seq), '{\"seq\":\(start.seq)}', 'x', 'y')"])
+        let broken = try await Warden.run(["audit", "verify", "--config", config.path])
+        #expect(broken.status == 1)
+        #expect(broken.stdout.contains("broken at record \(start.seq)"), "\(broken.stdout)")
+        let after = try await Warden.run(["audit", "export", "--config", config.path])
+        #expect(after.stdout == export.stdout, "what lies before the start is not part of the chain")
+    }
+
+    @Test func tamperingIsNamedWithExitOne() async throws {
+        let (directory, config, path) = try Self.ledgerFolder()
+        defer { try? FileManager.default.removeItem(at: directory) }
         let ledger = try SQLiteLedger(path: path)
         for i in 0..<5 {
             _ = try await ledger.record([
