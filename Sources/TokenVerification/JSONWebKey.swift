@@ -89,6 +89,13 @@ struct CheckerHandle: @unchecked Sendable {
 public enum KeySetEntry: Sendable {
     case usable(VerificationKey)
     case unusable(keyID: String, reason: String)
+
+    public var keyID: String {
+        switch self {
+        case .usable(let key): key.keyID
+        case .unusable(let keyID, _): keyID
+        }
+    }
 }
 
 /// The keys of one JWKS document, by `kid`.

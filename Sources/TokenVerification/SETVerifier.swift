@@ -206,7 +206,9 @@ public final class SETVerifier: Sendable {
         guard let iss = issValue.stringValue else {
             throw VerificationError(.invalidClaim, "\"iss\" must be a string, not \(issValue.typeName)")
         }
-        guard let issuer = issuers[iss] else {
+        // Dictionaries match canonically equivalent strings ("\u{212A}" finds "K"): the issuer
+        // found must be the one named, byte for byte.
+        guard let issuer = issuers[iss], issuer.policy.issuer.utf8.elementsEqual(iss.utf8) else {
             throw VerificationError(.unknownIssuer, "the issuer \(quoted(iss)) is not configured (configured: \(issuers.keys.sorted().map { quoted($0) }.joined(separator: ", ")))")
         }
         // The policy is read in place (a copy would retain each of its strings and arrays).
@@ -248,7 +250,9 @@ public final class SETVerifier: Sendable {
                         entry: KeySetEntry?, now current: Double, claimsTime: ClaimsTime,
                         issuedNotAfter: Double? = nil) throws(VerificationError) -> VerifiedSET {
         let key: VerificationKey
-        switch entry {
+        // Looked up by a dictionary, which matches canonically equivalent key ids: the key found
+        // must have the id the token names, byte for byte.
+        switch entry.flatMap({ $0.keyID.utf8.elementsEqual(parsed.keyID.utf8) ? $0 : nil }) {
         case nil:
             throw VerificationError(.unknownKeyID, "issuer \(quoted(issuer.policy.issuer)) has no key with kid \(quoted(parsed.keyID)) in its JWKS")
         case .unusable(_, let reason)?:
@@ -302,7 +306,8 @@ public final class SETVerifier: Sendable {
         guard set.claims["aud"] != nil else {
             throw VerificationError(.audienceMismatch, "the token has no \"aud\" claim; it must name one of this receiver's audiences")
         }
-        guard set.audience.contains(where: policy.audiences.contains) else {
+        // Byte for byte: Swift's == holds canonically equivalent strings equal.
+        guard set.audience.contains(where: { audience in policy.audiences.contains { $0.utf8.elementsEqual(audience.utf8) } }) else {
             throw VerificationError(.audienceMismatch, "the token's audience \(set.audience.prefix(3).map { quoted($0) }.joined(separator: ", ")) does not include any configured audience for issuer \(quoted(policy.issuer))")
         }
     }
@@ -310,6 +315,15 @@ public final class SETVerifier: Sendable {
     private func checkTimes(_ set: SecurityEventToken, policy: IssuerPolicy, now: Double) throws(VerificationError) {
         if set.issuedAt > now + policy.clockSkew {
             throw VerificationError(.issuedInFuture, "\"iat\" is \(wholeSeconds(set.issuedAt - now)) s in the future; at most \(wholeSeconds(policy.clockSkew)) s of clock skew is allowed")
+        }
+        // RFC 7519 §4.1.5: a JWT must not be accepted before its "nbf". SETs rarely carry one.
+        if let notBeforeValue = set.claims["nbf"] {
+            guard let notBefore = notBeforeValue.numberValue, notBefore.isFinite else {
+                throw VerificationError(.invalidClaim, "\"nbf\" must be a number of seconds, not \(notBeforeValue.typeName)")
+            }
+            if notBefore > now + policy.clockSkew {
+                throw VerificationError(.notYetValid, "\"nbf\" is \(wholeSeconds(notBefore - now)) s in the future; at most \(wholeSeconds(policy.clockSkew)) s of clock skew is allowed")
+            }
         }
         if let maximumAge = policy.maximumAge, now - set.issuedAt > maximumAge {
             throw VerificationError(.tooOld, "the token was issued \(wholeSeconds(now - set.issuedAt)) s ago; the configured maximum age is \(wholeSeconds(maximumAge)) s")

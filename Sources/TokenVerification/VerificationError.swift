@@ -28,6 +28,8 @@ public struct VerificationError: Error, Sendable, Equatable, CustomStringConvert
         case invalidEvent = "invalid-event"
         case invalidSubject = "invalid-subject"
         case issuedInFuture = "issued-in-future"
+        /// `nbf` (RFC 7519 §4.1.5) beyond the clock skew: not to be accepted yet.
+        case notYetValid = "not-yet-valid"
         case tooOld = "too-old"
         case expired
         case wrongKindOfToken = "wrong-kind-of-token"

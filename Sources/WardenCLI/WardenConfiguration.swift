@@ -224,6 +224,8 @@ public struct WardenConfiguration: Sendable {
         var cache = KeyCacheSettings()
         cache.fetchTimeout = try positive(r.child("fetch-timeout")) ?? cache.fetchTimeout
         cache.unknownKeyCooldown = try r.child("key-refresh-cooldown").duration() ?? cache.unknownKeyCooldown
+        // Without a cooldown every token naming an unknown kid would fetch the JWKS again.
+        guard cache.unknownKeyCooldown >= 1 else { throw r.child("key-refresh-cooldown").error("must be at least 1s") }
         cache.failureRetryInterval = try r.child("key-retry-interval").duration() ?? cache.failureRetryInterval
         cache.maximumStaleness = try r.child("max-key-staleness").duration() ?? cache.maximumStaleness
         cache.minimumLifetime = try r.child("min-key-lifetime").duration() ?? cache.minimumLifetime

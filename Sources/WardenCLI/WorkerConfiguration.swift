@@ -185,10 +185,13 @@ public enum LedgerLocation: Sendable, Equatable {
     static func retention(_ r: ConfigReader, issuers: [IssuerPolicy]) throws(ConfigError) -> Double? {
         guard case .map = r.tree, let retention = try r.child("retention").duration() else { return nil }
         guard retention >= 1 else { throw r.child("retention").error("must be at least 1s") }
-        for issuer in issuers where (issuer.maximumAge ?? .infinity) > retention {
-            throw r.child("retention").error("is shorter than the max-age of \(issuer.issuer) (\(issuer.maximumAge.map { "\(Int($0)) s" } ?? "none set")): "
+        // A token may say it was issued up to the clock skew after it arrived, so it passes the
+        // max-age until max-age + skew after its arrival: its claim must outlive that.
+        for issuer in issuers where (issuer.maximumAge ?? .infinity) + issuer.clockSkew > retention {
+            throw r.child("retention").error("is shorter than the max-age of \(issuer.issuer) (\(issuer.maximumAge.map { "\(Int($0)) s" } ?? "none set")) "
+                                             + "plus its clock skew (\(Int(issuer.clockSkew)) s): "
                                              + "a token older than the retention would be acted on again once its claim is dropped; "
-                                             + "give that issuer a max-age no longer than the retention")
+                                             + "give that issuer a max-age no longer than the retention less the clock skew")
         }
         return retention
     }

@@ -217,6 +217,19 @@ struct VerifierRejectionTests {
         expect(await verifier([ec], algorithms: [.rs256]).verify(token), .unsupportedAlgorithm, .invalidKey)
     }
 
+    /// RFC 7519 §4.1.5: not before its `nbf` (beyond the skew); an `nbf` that is no number is refused.
+    @Test func refusesATokenBeforeItsNotBefore() async throws {
+        var claims = Fixture.riscClaims(clock)
+        claims["nbf"] = .number(clock.now + 3600)
+        expect(await verifier().verify(try SETMinter.token(claims: claims, key: Keys.rsa)), .notYetValid, .invalidRequest)
+        claims["nbf"] = "soon"
+        expect(await verifier().verify(try SETMinter.token(claims: claims, key: Keys.rsa)), .invalidClaim, .invalidRequest)
+        claims["nbf"] = .number(clock.now + 299)
+        #expect(await verifier().verify(try SETMinter.token(claims: claims, key: Keys.rsa)).value != nil)
+        claims["nbf"] = .number(clock.now - 60)
+        #expect(await verifier().verify(try SETMinter.token(claims: claims, key: Keys.rsa)).value != nil)
+    }
+
     // §4 row 11
     @Test func refusesIssuedAtBeyondSkew() async throws {
         var claims = Fixture.riscClaims(clock)
@@ -301,6 +314,34 @@ struct VerifierRejectionTests {
         expect(await verifier().verify(try SETMinter.token(claims: claims, key: Keys.rsa)), .audienceMismatch, .invalidAudience)
         claims["aud"] = .array(["x", .string(Fixture.audience)])
         #expect(await verifier().verify(try SETMinter.token(claims: claims, key: Keys.rsa)).value != nil)
+    }
+
+    /// Issuer, audience and key id match byte for byte: a canonically equivalent spelling (the
+    /// Kelvin sign U+212A for "K") names another issuer, audience or key.
+    @Test func issuerAudienceAndKeyIDMatchByteForByte() async throws {
+        let kelvin = "\u{212A}"
+        #expect(kelvin == "K", "Swift holds the two equal: the verifier must not")
+        func pinned(_ keys: [SigningKey] = [Keys.rsa], issuer: String = Fixture.issuer, audience: String = Fixture.audience) -> SETVerifier {
+            Fixture.pinnedVerifier(keys: keys, issuer: issuer, audiences: [audience], clock: clock)
+        }
+        var claims = Fixture.riscClaims(clock)
+        claims["aud"] = .string("\(kelvin)-app")
+        expect(await pinned(audience: "K-app").verify(try SETMinter.token(claims: claims, key: Keys.rsa)), .audienceMismatch, .invalidAudience)
+        claims["aud"] = "K-app"
+        #expect(await pinned(audience: "K-app").verify(try SETMinter.token(claims: claims, key: Keys.rsa)).value != nil)
+
+        claims = Fixture.riscClaims(clock)
+        claims["iss"] = .string("https://\(kelvin).example/")
+        expect(await pinned(issuer: "https://K.example/").verify(try SETMinter.token(claims: claims, key: Keys.rsa)),
+               .unknownIssuer, .invalidIssuer)
+        claims["iss"] = "https://K.example/"
+        #expect(await pinned(issuer: "https://K.example/").verify(try SETMinter.token(claims: claims, key: Keys.rsa)).value != nil)
+
+        var published = Keys.rsa, forged = Keys.rsa
+        published.keyID = "K1"
+        forged.keyID = "\(kelvin)1"
+        expect(await pinned([published]).verify(try SETMinter.token(claims: Fixture.riscClaims(clock), key: forged)), .unknownKeyID, .invalidKey)
+        #expect(await pinned([published]).verify(try SETMinter.token(claims: Fixture.riscClaims(clock), key: published)).value != nil)
     }
 
     @Test func refusesMissingOrEmptyEvents() async throws {

@@ -94,16 +94,32 @@ struct OperatorConfigurationTests {
     @Test func retentionNeedsEveryIssuerToRefuseTokensOlderThanIt() throws {
         #expect(try parse("ledger: \"sqlite:l.sqlite\"\n").ledgerRetention == nil)
         #expect(error("ledger: {url: \"sqlite:l.sqlite\", retention: 90d}\n")
-            .contains("ledger.retention: is shorter than the max-age of https://accounts.google.com/ (none set)"))
+            .contains("ledger.retention: is shorter than the max-age of https://accounts.google.com/ (none set) plus its clock skew"))
         let withMaxAge = Self.issuer.replacingOccurrences(of: "audiences: [app]", with: "audiences: [app]\n    max-age: 7d")
         let c = try WardenConfiguration.parse(yaml: withMaxAge + "ledger: {url: \"sqlite:l.sqlite\", retention: 90d}\n")
         #expect(c.ledgerRetention.map { abs($0 - 7_776_000) < 0.001 } == true, "\(String(describing: c.ledgerRetention))")
         #expect(throws: ConfigError.self) {
             try WardenConfiguration.parse(yaml: withMaxAge + "ledger: {url: \"sqlite:l.sqlite\", retention: 1d}\n")
         }
+        // A token may say it was issued up to the clock skew (300 s) after it arrived: a
+        // retention equal to the max-age would drop its claim while it still verifies.
+        #expect(throws: ConfigError.self) {
+            try WardenConfiguration.parse(yaml: withMaxAge + "ledger: {url: \"sqlite:l.sqlite\", retention: 7d}\n")
+        }
+        let skewed = try WardenConfiguration.parse(yaml: withMaxAge + "ledger: {url: \"sqlite:l.sqlite\", retention: 605100s}\n")
+        #expect(skewed.ledgerRetention == 605_100)
         #expect(throws: ConfigError.self) {
             try WardenConfiguration.parse(yaml: withMaxAge + "ledger: {url: \"sqlite:l.sqlite\", retention: soon}\n")
         }
+    }
+
+    /// Without a cooldown every token naming an unknown kid would fetch the issuer's JWKS.
+    @Test func aKeyRefreshCooldownOfNothingIsRefused() throws {
+        let zero = Self.issuer.replacingOccurrences(of: "audiences: [app]", with: "audiences: [app]\n    key-refresh-cooldown: 0s")
+        #expect(zero != Self.issuer)
+        #expect(throws: ConfigError.self) { try WardenConfiguration.parse(yaml: zero) }
+        let one = Self.issuer.replacingOccurrences(of: "audiences: [app]", with: "audiences: [app]\n    key-refresh-cooldown: 1s")
+        #expect(try WardenConfiguration.parse(yaml: one).issuers.first?.keyCache.unknownKeyCooldown == 1)
     }
 
     @Test func configFromTheEnvironmentAndVersion() async throws {
