@@ -232,9 +232,21 @@ extension PushDestination {
 /// answered once its event is claimed with its plan, or found a duplicate.
 public final class LedgerPushDestination: PushDestination {
     /// The records the requests make, in batches of whatever arrived since the pipeline last took.
-    public let records = RecordFeed()
+    public let records: RecordFeed
+    /// How long a request waits for its records to become durable before it is answered "try
+    /// again later" (503): while the ledger or a subject lookup is down, requests do not hang
+    /// (nor does shutdown, which waits for them). A record answered so may still be recorded;
+    /// its sender's retry is then a duplicate, answered 202.
+    let answerWithin: Duration
 
-    public init() {}
+    public static let defaultAnswerWithin: Duration = .seconds(10)
+
+    /// `maximumWaiting`: records waiting for the pipeline beyond which requests are answered
+    /// 503 at once, so that memory stays bounded while the ledger is down.
+    public init(answerWithin: Duration = defaultAnswerWithin, maximumWaiting: Int = 4096) {
+        self.answerWithin = answerWithin
+        records = RecordFeed(maximumWaiting: maximumWaiting)
+    }
 
     public func persist(_ message: IntakeMessage) async -> PushOutcome {
         await persist(all: [message])[0]
@@ -247,13 +259,19 @@ public final class LedgerPushDestination: PushDestination {
         guard records.submit(zip(messages, acknowledgements).map { IntakeRecord($0, acknowledgement: $1) }) else {
             return messages.map { _ in .unavailable }
         }
+        let deadline = answerWithin
+        let timer = Task {
+            guard (try? await Task.sleep(for: deadline)) != nil else { return }
+            for acknowledgement in acknowledgements { acknowledgement.giveUp() }
+        }
+        defer { timer.cancel() }
         var outcomes: [PushOutcome] = []
         outcomes.reserveCapacity(messages.count)
         for acknowledgement in acknowledgements {
             switch await acknowledgement.answer() {
-            case .recorded, .duplicate: outcomes.append(.accepted)
-            case .rejected(let code, _): outcomes.append(.refused(code: code))
-            case .abandoned: outcomes.append(.unavailable)
+            case .recorded?, .duplicate?: outcomes.append(.accepted)
+            case .rejected(let code, _)?: outcomes.append(.refused(code: code))
+            case .abandoned?, nil: outcomes.append(.unavailable)
             }
         }
         return outcomes
@@ -266,7 +284,8 @@ public final class LedgerPushDestination: PushDestination {
 final class PushAcknowledgement: Acknowledgement {
     private struct State {
         var answer: Disposition? = nil
-        var waiter: CheckedContinuation<Disposition, Never>? = nil
+        var gaveUp = false
+        var waiter: CheckedContinuation<Disposition?, Never>? = nil
     }
 
     private let state = Mutex(State())
@@ -277,21 +296,26 @@ final class PushAcknowledgement: Acknowledgement {
 
     func settle(_ disposition: Disposition) { resolve(disposition) }
 
-    private func resolve(_ disposition: Disposition) {
-        let waiter = state.withLock { s -> CheckedContinuation<Disposition, Never>? in
-            guard s.answer == nil else { return nil }
-            s.answer = disposition
+    /// The request stops waiting (its deadline passed): `answer()` returns nil unless answered.
+    func giveUp() { resolve(nil) }
+
+    /// The first answer, or nil for giving up, wakes the request; later ones change nothing.
+    private func resolve(_ disposition: Disposition?) {
+        let waiter = state.withLock { s -> CheckedContinuation<Disposition?, Never>? in
+            guard s.answer == nil, !s.gaveUp else { return nil }
+            if let disposition { s.answer = disposition } else { s.gaveUp = true }
             defer { s.waiter = nil }
             return s.waiter
         }
         waiter?.resume(returning: disposition)
     }
 
-    /// The first of `durable` and `settle`.
-    func answer() async -> Disposition {
+    /// The first of `durable` and `settle`; nil if the request gave up first.
+    func answer() async -> Disposition? {
         await withCheckedContinuation { continuation in
-            let now = state.withLock { s -> Disposition? in
-                if let answer = s.answer { return answer }
+            let now = state.withLock { s -> Disposition?? in
+                if let answer = s.answer { return .some(answer) }
+                if s.gaveUp { return .some(nil) }
                 s.waiter = continuation
                 return nil
             }
@@ -313,22 +337,29 @@ public final class RecordFeed: AsyncSequence, Sendable {
     }
 
     private let state = Mutex(State())
+    /// Records from requests that may wait for the pipeline; beyond it `submit` refuses.
+    let maximumWaiting: Int
 
-    init() {}
+    init(maximumWaiting: Int = .max) {
+        self.maximumWaiting = maximumWaiting
+    }
 
     /// False when closed: the record was not taken.
     func submit(_ record: IntakeRecord) -> Bool { submit([record]) }
 
-    /// Records that go ahead of any waiting (taken unless closed).
+    /// Records that go ahead of any waiting (taken unless closed, however many wait: they are
+    /// the process's own, a page at a time).
     @discardableResult
     func submitFront(_ records: [IntakeRecord]) -> Bool { submit(records, front: true) }
 
-    /// Several records at once, in order; false when closed.
+    /// Several records at once, in order; false when closed or when `maximumWaiting` records
+    /// already wait (the pipeline is not taking them: the ledger may be down).
     @discardableResult
     func submit(_ records: [IntakeRecord], front: Bool = false) -> Bool {
         guard !records.isEmpty else { return true }
         let (taken, waiter) = state.withLock { s -> (Bool, CheckedContinuation<[IntakeRecord]?, Never>?) in
             guard !s.closed else { return (false, nil) }
+            guard front || s.pending.count + records.count <= maximumWaiting else { return (false, nil) }
             if let waiter = s.waiter {
                 s.waiter = nil
                 return (true, waiter)

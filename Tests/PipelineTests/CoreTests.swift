@@ -180,6 +180,41 @@ struct CoreTests {
         await running.value
     }
 
+    // While the ledger is down a push is answered "try again later" once its deadline passes:
+    // the request does not hang (nor does shutdown, which waits for requests). The record, kept
+    // by the pipeline, is recorded once the ledger is back, and the sender's retry is then a
+    // duplicate, answered 202.
+    @Test func aPushWhileTheLedgerIsDownIsAnsweredUnavailableWithinItsDeadline() async throws {
+        let world = World()
+        world.ledger.state.withLock { $0.unavailableWrites = .max }
+        let destination = LedgerPushDestination(answerWithin: .milliseconds(200))
+        let running = Task { await world.pipeline.run(destination.records) }
+        let message = Self.token(Self.issuerA, "u1", jti: "while-down", key: Self.keyA)
+        #expect(await destination.persist(message) == .unavailable)
+        #expect(world.ledger.event("while-down") == nil)
+        world.ledger.state.withLock { $0.unavailableWrites = 0 }
+        #expect(await eventually { world.ledger.event("while-down") != nil })
+        #expect(await destination.persist(message) == .accepted)
+        world.stop.stop()
+        destination.records.close()
+        await running.value
+    }
+
+    // Records from requests wait for the pipeline up to a bound; beyond it they are refused
+    // (answered 503 at once), so memory stays bounded while the pipeline takes nothing.
+    @Test func requestsBeyondTheWaitingBoundAreRefusedAtOnce() async {
+        let feed = RecordFeed(maximumWaiting: 2)
+        func record(_ jti: String) -> IntakeRecord {
+            IntakeRecord(Self.token(Self.issuerA, "u", jti: jti, key: Self.keyA), acknowledgement: PushAcknowledgement())
+        }
+        #expect(feed.submit([record("1"), record("2")]))
+        #expect(!feed.submit(record("3")))
+        #expect(feed.submitFront([record("resumed")]), "the process's own records are taken whatever waits")
+        var iterator = feed.makeAsyncIterator()
+        #expect(await iterator.next()?.count == 3)
+        #expect(feed.submit(record("4")))
+    }
+
     // A token whose issuer's keys cannot be fetched waits aside with the later events of its
     // subject; other subjects and issuers are recorded meanwhile; once the keys come, the
     // waiting ones are recorded in their order.
