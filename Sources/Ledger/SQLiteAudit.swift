@@ -109,6 +109,32 @@ final class ClaimedEvents: Sendable {
     var count: Int { entries.withLock { $0.count } }
 }
 
+/// A cell as text whatever it holds: a blob's bytes decoded (invalid UTF-8 replaced), a number
+/// written out, NULL empty. GRDB's `row[i] as String` traps on what it cannot convert.
+private func lossyText(_ row: Row, _ index: Int) -> String {
+    switch (row[index] as DatabaseValue).storage {
+    case .string(let text): text
+    case .blob(let data): String(decoding: data, as: UTF8.self)
+    case .int64(let n): String(n)
+    case .double(let x): String(x)
+    case .null: ""
+    }
+}
+
+/// A cell's integer, nil when it holds anything else.
+private func integer(_ row: Row, _ index: Int) -> Int64? {
+    if case .int64(let n) = (row[index] as DatabaseValue).storage { n } else { nil }
+}
+
+/// A cell's number, nil when it holds anything else.
+private func number(_ row: Row, _ index: Int) -> Double? {
+    switch (row[index] as DatabaseValue).storage {
+    case .double(let x): x
+    case .int64(let n): Double(n)
+    default: nil
+    }
+}
+
 private func columnText(_ row: OpaquePointer, _ column: Int32) -> String? {
     guard sqlite3_column_type(row, column) != SQLITE_NULL, let text = sqlite3_column_text(row, column) else { return nil }
     let count = Int(sqlite3_column_bytes(row, column))
@@ -135,7 +161,12 @@ extension SQLiteLedger {
     public func archivedKeys() async throws(LedgerError) -> [ArchivedKey] {
         try reader.read { db in
             try Row.fetchAll(db, sql: "SELECT issuer, kid, thumbprint, jwk, first_seen, last_seen FROM signing_keys ORDER BY issuer, kid, last_seen")
-                .map { ArchivedKey(issuer: $0[0], keyID: $0[1], thumbprint: $0[2], jwk: $0[3], firstSeen: $0[4], lastSeen: $0[5]) }
+                .compactMap { row -> ArchivedKey? in
+                    // A row edited by hand to hold other types is no key (GRDB's conversions would trap).
+                    guard let firstSeen = number(row, 4), let lastSeen = number(row, 5) else { return nil }
+                    return ArchivedKey(issuer: lossyText(row, 0), keyID: lossyText(row, 1), thumbprint: lossyText(row, 2),
+                                       jwk: lossyText(row, 3), firstSeen: firstSeen, lastSeen: lastSeen)
+                }
         }
     }
 
@@ -143,7 +174,10 @@ extension SQLiteLedger {
         try reader.read { db in
             try Row.fetchAll(db, sql: "SELECT seq, record, prev_hash, hash FROM audit_records WHERE seq > ? ORDER BY seq LIMIT ?",
                              arguments: [afterSeq, limit])
-                .map { StoredAuditRecord(seq: $0[0], record: $0[1], previousHash: $0[2], hash: $0[3]) }
+                // `seq` is the rowid, always an integer; the texts may have been edited into
+                // anything (a blob, bytes that are not UTF-8): read as they are, they then fail
+                // their hash, which names the record.
+                .map { StoredAuditRecord(seq: $0[0], record: lossyText($0, 1), previousHash: lossyText($0, 2), hash: lossyText($0, 3)) }
         }
     }
 
@@ -152,7 +186,7 @@ extension SQLiteLedger {
             guard let row = try Row.fetchOne(db, sql: "SELECT seq, hash FROM audit_head WHERE id = 1") else {
                 return (-1, "the head is missing")
             }
-            return (row[0], row[1])
+            return (integer(row, 0) ?? -1, lossyText(row, 1))
         }
     }
 
@@ -241,7 +275,8 @@ extension SQLiteLedger {
     public func auditStart() async throws(LedgerError) -> (seq: Int64, hash: String) {
         try reader.read { db in
             guard let row = try Row.fetchOne(db, sql: "SELECT seq, hash FROM audit_start WHERE id = 1") else { return (0, AuditChain.genesis) }
-            return (row[0], row[1])
+            // Not a number (edited by hand): a start no record follows, named by the check.
+            return (integer(row, 0) ?? .max, lossyText(row, 1))
         }
     }
 
@@ -285,7 +320,10 @@ extension SQLiteLedger {
             let start = try Row.fetchOne(db, sql: "SELECT seq FROM audit_start WHERE id = 1").map { $0[0] as Int64 } ?? 0
             let records = try Row.fetchAll(db, sql: "SELECT seq, record, prev_hash, hash FROM audit_records WHERE seq > ? ORDER BY seq LIMIT ?",
                                            arguments: [start, limit])
-                .map { StoredAuditRecord(seq: $0[0], record: $0[1], previousHash: $0[2], hash: $0[3]) }
+                // `seq` is the rowid, always an integer; the texts may have been edited into
+                // anything (a blob, bytes that are not UTF-8): read as they are, they then fail
+                // their hash, which names the record.
+                .map { StoredAuditRecord(seq: $0[0], record: lossyText($0, 1), previousHash: lossyText($0, 2), hash: lossyText($0, 3)) }
             let droppable = Retention.droppable(records, before: cutoff, limit: limit)
             if droppable > 0 {
                 let through = records[droppable - 1]

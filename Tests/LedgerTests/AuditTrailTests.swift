@@ -119,6 +119,29 @@ struct AuditTrailTests {
         await ledger.close()
     }
 
+    /// SQLite keeps any type in any cell: a record edited into a blob that is not UTF-8, or a
+    /// head or start edited into text, is named as tampering — never a trap of the checker.
+    @Test func cellsEditedIntoOtherTypesAreNamedNotTrapped() async throws {
+        let storage = try await LedgerUnderTest(.sqlite)
+        let ledger = try await populated(storage)
+        try await tamper(storage, "UPDATE audit_records SET record = X'FF00FE' WHERE seq = 2")
+        guard case .broken(let seq, let reason) = try await ledger.checkAuditChain() else { Issue.record("a blob record went unnoticed"); return }
+        #expect(seq == 2, "\(reason)")
+        #expect(reason.contains("changed"), "\(reason)")
+
+        for edit in ["UPDATE audit_head SET seq = 'x'", "UPDATE audit_start SET seq = 'x'"] {
+            let other = try await LedgerUnderTest(.sqlite)
+            let edited = try await populated(other)
+            try await tamper(other, "INSERT OR IGNORE INTO audit_start (id, seq, hash) VALUES (1, 0, '\(AuditChain.genesis)')")
+            try await tamper(other, edit)
+            guard case .broken = try await edited.checkAuditChain() else { Issue.record("\(edit) went unnoticed"); continue }
+            await edited.close()
+        }
+        try await tamper(storage, "INSERT INTO signing_keys (issuer, kid, thumbprint, jwk, first_seen, last_seen) VALUES ('i', 'k', 't', '{}', 'soon', X'00')")
+        #expect(try await ledger.archivedKeys().allSatisfy { $0.keyID != "k" })
+        await ledger.close()
+    }
+
     @Test(arguments: Backend.allCases) func aRejectionRecordedAloneHasItsRecord(_ backend: Backend) async throws {
         let storage = try await LedgerUnderTest(backend)
         let ledger = try await open(storage)
