@@ -187,6 +187,8 @@ extension WardenCommand {
             } catch let error as Replayer.KeysUnavailable {
                 await door?.finish()
                 progress.finish()
+                // What was found before the stop is kept.
+                if let reportFile, !reportBuffer.isEmpty { reportFile.write(Data(reportBuffer.utf8)) }
                 FileHandle.standardError.write(Data("warden: keys unavailable at \(error.position), replay stopped: \(error.reason)\n".utf8))
                 return VerifyExit.keysUnavailable.rawValue
             } catch {

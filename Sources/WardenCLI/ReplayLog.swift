@@ -113,6 +113,11 @@ struct FileReplaySource: ReplaySource {
                     throw ReplayLogError("the log cannot be read: \(message)")
                 }
                 if read == 0 {
+                    // zlib tells a gzip file cut short only through its error state: the
+                    // read just returns nothing, as at the end of a whole file.
+                    var code: Int32 = 0
+                    let message = gzerror(file, &code).map { String(cString: $0) } ?? "read error"
+                    if code != 0 { throw ReplayLogError("the log cannot be read: \(message) (the file is cut short or damaged)") }
                     ended = true
                     break
                 }

@@ -134,6 +134,14 @@ struct ReplayTests {
         #expect(try await Self.replay(setup.config, log, apply: true).status == 0)
         #expect(hooks.requests("/hook") == callsBefore + 3)
 
+        // A gzip file cut short is no whole log: exit 3, not a replay of what came before the cut.
+        let whole = try Data(contentsOf: gzipped)
+        let cut = setup.directory.appendingPathComponent("cut.log.gz")
+        try whole.prefix(whole.count * 2 / 3).write(to: cut)
+        let short = try await Self.replay(setup.config, cut)
+        #expect(short.status == 3, "\(short.stdout)")
+        #expect(short.stdout.contains("cut short"), "\(short.stdout)")
+
         // The audit trail holds every outcome, and exports as the schema says.
         let verified = try await Warden.run(["audit", "verify", "--config", setup.config.path])
         #expect(verified.status == 0, "\(verified.stdout)\(verified.stderr)")
