@@ -7,7 +7,7 @@ import TokenVerification
 /// Pushed SETs onto the topic the workers read (`warden run` with both `receiver:` and
 /// `kafka:`). Each is verified first: one that fails is answered `400` and kept in the ledger as
 /// a rejection (it never reaches the topic). A valid one is produced as the Kafka message
-/// contract says — value the SET, headers `content-type`, `source: push` and `received-at`, key
+/// contract says — value the SET, headers `content-type`, `source` (`push` or `poll`) and `received-at`, key
 /// a stable hash of its issuer and subject, so one subject's events keep their order — and
 /// answered `202` only once the cluster confirms delivery. Keys or a cluster that cannot be had:
 /// `503`, and the sender tries again. A duplicate is produced again and answered `202`; the
@@ -49,7 +49,8 @@ public struct KafkaPushDestination: PushDestination {
             }
             let headers = [
                 KafkaHeader("content-type", "application/secevent+jwt"),
-                KafkaHeader(Self.sourceHeader, "push"),
+                // The door it came by: push, or poll.
+                KafkaHeader(Self.sourceHeader, message.source),
                 KafkaHeader("received-at", Self.timestamp(message.receivedAt)),
             ]
             do {

@@ -65,7 +65,11 @@ public final class PollClient: Sendable {
                 observe: @escaping @Sendable (String) -> Void = { _ in },
                 persist: @escaping @Sendable ([[UInt8]]) async -> [PolledOutcome]) {
         self.settings = settings
-        self.call = TransmitterCall(http: http, credentials: credentials, timeout: settings.requestTimeout)
+        var call = TransmitterCall(http: http, credentials: credentials, timeout: settings.requestTimeout)
+        // Room for `maxEvents` SETs of the largest size verified (64 KiB) with their jti: a
+        // queue of large SETs must not make every answer too large, and the stream stall.
+        call.maximumAnswerBytes = max(1 << 20, settings.maximumEvents * Self.answerBytesPerSET + (64 << 10))
+        self.call = call
         self.persist = persist
         self.logger = logger
         self.observe = observe
@@ -143,12 +147,18 @@ public final class PollClient: Sendable {
         let notNow = outcomes.filter { $0.1 == .notNow }.count
         if notNow > 0 {
             logger.warning("polled SETs not persisted now; the transmitter sends them again", metadata: ["warden.sets": "\(notNow)"])
-            return .failed(retryAfter: nil)
+            // Backing off only when nothing moved: one SET that cannot be had now (its issuer's
+            // keys are down) must not slow the others it is redelivered with.
+            if notNow == outcomes.count { return .failed(retryAfter: nil) }
         }
-        if more { return .more }
+        // More, but none given: asked again after the idle pause, not in a tight loop.
+        if more, !delivered.isEmpty { return .more }
         // Nothing came and nothing waits to be acknowledged: pause before asking again.
         return delivered.count == 0 && pending.withLock({ $0.acks.isEmpty && $0.errors.isEmpty }) ? .idle : .done
     }
+
+    /// An answer's bytes per SET asked for: a SET of at most 64 KiB, its jti and punctuation.
+    static let answerBytesPerSET = 66 << 10
 
     private let lastRetryAfter = Mutex<Double?>(nil)
     /// Requests refused in a row with a status no retry mends (a 4xx other than 429).

@@ -46,6 +46,8 @@ struct TransmitterCall: Sendable {
     let http: any HTTPExchanging
     let credentials: any StreamCredentials
     let timeout: Double
+    /// The largest answer taken; a larger one is a failed call.
+    var maximumAnswerBytes = 1 << 20
 
     struct Answer: Sendable {
         var status: Int
@@ -75,7 +77,7 @@ struct TransmitterCall: Sendable {
             request.body = .bytes(ByteBuffer(string: json.jsonText))
         }
         do {
-            let exchange = try await http.exchange(request, timeout: timeout, maximumBodyBytes: 1 << 20)
+            let exchange = try await http.exchange(request, timeout: timeout, maximumBodyBytes: maximumAnswerBytes)
             return Answer(status: Int(exchange.status.code), body: Array(exchange.body.readableBytesView), headers: exchange.headers)
         } catch {
             throw StreamError(.unavailable, "\(name): \(url) could not be reached: \(error)")

@@ -283,4 +283,59 @@ struct StreamCommandTests {
         try? FileManager.default.removeItem(at: directory)
         await ssf.stop()
     }
+
+    /// A poll stream keeps moving: an answer of 100 large SETs is taken (not refused as too
+    /// large, for ever); one SET that cannot be had now (its issuer's keys are down) does not
+    /// make the others wait a backoff; "moreAvailable" with no SETs is not asked again in a
+    /// tight loop.
+    @Test func aPollStreamFlowsPastLargeSETsAStuckSETAndEmptyMoreAvailable() async throws {
+        let ssf = try await Self.transmitter()
+        let pad = String(repeating: "x", count: 11_000)
+        var sets: [String] = []
+        for i in 0..<100 {
+            let token = try SETMinter.token(claims: [
+                "iss": .string(ssf.baseURL), "aud": .string(WorkerTests.audience), "iat": .number(Date().timeIntervalSince1970.rounded(.down)),
+                "jti": .string("big-\(i)"), "sub_id": .object(["format": "email", "email": .string("user\(i)@example.com")]), "pad": .string(pad),
+                "events": .object(["https://schemas.openid.net/secevent/caep/event-type/session-revoked": .object([:])]),
+            ], key: WorkerTests.ec, type: "secevent+jwt")
+            sets.append("\"big-\(i)\":\"\(token)\"")
+        }
+        let down = "https://down.example/"
+        let stuck = try SETMinter.token(claims: SETMinter.riscClaims(issuer: down, audience: WorkerTests.audience, subject: "s", jti: "stuck"),
+                                        key: WorkerTests.ec)
+        sets.append("\"stuck\":\"\(stuck)\"")
+        let first = #"{"sets":{"# + sets.joined(separator: ",") + #"},"moreAvailable":true}"#
+        #expect(first.utf8.count > 1 << 20, "more than the 1 MiB an answer used to be allowed")
+        ssf.enqueue("/poll", [.init(body: first, headers: ["Content-Type": "application/json"])])
+        ssf.serve("/poll", .init(body: #"{"sets":{},"moreAvailable":true}"#, headers: ["Content-Type": "application/json"]))
+        let (directory, config) = try Self.ssfConfig(ssf, bearer: "poll-token", stream: """
+            api: ssf
+            credentials-file: bearer
+            delivery: {method: poll, endpoint-url: "\(ssf.url("/poll"))"}
+            events: [session-revoked]
+            """)
+        // A second issuer whose keys cannot be fetched.
+        let text = try String(contentsOf: config, encoding: .utf8).replacingOccurrences(of: "ledger: sqlite:ledger.sqlite", with: """
+              - issuer: \(down)
+                jwks-uri: http://127.0.0.1:1/jwks
+                audiences: [\(WorkerTests.audience)]
+                algorithms: [ES256]
+            ledger: sqlite:ledger.sqlite
+            """)
+        try text.write(to: config, atomically: true, encoding: .utf8)
+        let worker = try WorkerProcess(config: config)
+        try await WorkerTests.waitFor("the large SETs acknowledged") { ssf.requests("/poll") >= 3 }
+        let bodies = try ssf.recordedRequests("/poll").map { try Self.json($0.body) }
+        #expect(bodies[1]["ack"]?.arrayValue?.count == 100)
+        #expect(bodies[1]["returnImmediately"] == true, "the stuck SET must not make the stream back off")
+        let reader = try SQLiteLedgerReader(path: directory.appendingPathComponent("ledger.sqlite").path)
+        #expect(try reader.eventCount() == 100)
+        // Empty answers saying moreAvailable: asked again after the idle pause (1 s), not at once.
+        let before = ssf.requests("/poll")
+        try await Task.sleep(for: .seconds(3))
+        #expect(ssf.requests("/poll") - before <= 8, "\(ssf.requests("/poll") - before) requests in 3 s")
+        #expect(await worker.terminate() == 0)
+        try? FileManager.default.removeItem(at: directory)
+        await ssf.stop()
+    }
 }
