@@ -1,5 +1,6 @@
 import Foundation
 public import Hummingbird
+import HummingbirdCore
 public import Logging
 public import NIOCore
 public import ServiceLifecycle
@@ -56,7 +57,8 @@ public struct HealthServer: Sendable {
             Response(status: .ok, headers: [.contentType: "text/plain; version=0.0.4"],
                      body: .init(byteBuffer: ByteBuffer(bytes: metricsText())))
         }
-        return Application(router: router, configuration: .init(address: .hostname(host, port: port)),
+        return Application(router: router, server: .http1(idleTimeout: PushReceiver.Settings.defaultIdleTimeout),
+                           configuration: .init(address: .hostname(host, port: port)),
                            onServerRunning: { channel in onListening(channel.localAddress?.port ?? 0) },
                            logger: logger)
     }
@@ -77,5 +79,12 @@ public struct WardenRequestContext: RequestContext, RemoteAddressRequestContext 
     var clientAddress: String {
         guard let remoteAddress else { return "unknown" }
         return remoteAddress.ipAddress ?? "\(remoteAddress)"
+    }
+}
+
+extension HTTPServerBuilder {
+    /// HTTP/1 whose connections close after `idleTimeout` seconds without a request part.
+    static func http1(idleTimeout seconds: Double) -> HTTPServerBuilder {
+        .http1(configuration: .init(idleTimeout: .nanoseconds(Int64(seconds * 1_000_000_000))))
     }
 }

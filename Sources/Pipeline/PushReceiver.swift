@@ -31,16 +31,23 @@ public struct PushReceiver: Sendable {
         public var maximumBodyBytes: Int
         /// Each client's rate (by IP address); nil: none.
         public var rateLimit: ClientRateLimiter.Settings?
+        /// Seconds a connection may stay silent (no request part arriving, none answered) before
+        /// it is closed: a client that opens connections and sends nothing, or a request line a
+        /// byte at a time, holds none for long. Default 30.
+        public var idleTimeout: Double
 
         public init(host: String, port: Int, path: String = "/events", bearerTokens: [String] = [], maximumBodyBytes: Int = 65_536,
-                    rateLimit: ClientRateLimiter.Settings? = Self.defaultRateLimit) {
+                    rateLimit: ClientRateLimiter.Settings? = Self.defaultRateLimit, idleTimeout: Double = Self.defaultIdleTimeout) {
             self.host = host
             self.port = port
             self.path = path
             self.bearerTokens = bearerTokens
             self.maximumBodyBytes = maximumBodyBytes
             self.rateLimit = rateLimit
+            self.idleTimeout = idleTimeout
         }
+
+        public static let defaultIdleTimeout = 30.0
 
         /// 1,000 requests a second per client after a burst of 2,000.
         public static let defaultRateLimit = ClientRateLimiter.Settings(perSecond: 1000, burst: 2000)
@@ -68,7 +75,8 @@ public struct PushReceiver: Sendable {
     public func service(onListening: @escaping @Sendable (Int) -> Void = { _ in }) -> some Service {
         let router = Router(context: WardenRequestContext.self)
         addRoutes(to: router)
-        return Application(router: router, configuration: .init(address: .hostname(settings.host, port: settings.port)),
+        return Application(router: router, server: .http1(idleTimeout: settings.idleTimeout),
+                           configuration: .init(address: .hostname(settings.host, port: settings.port)),
                            onServerRunning: { channel in onListening(channel.localAddress?.port ?? 0) },
                            logger: logger)
     }

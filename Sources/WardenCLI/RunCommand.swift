@@ -185,7 +185,8 @@ struct Worker {
         if let settings = configuration.receiver, let destination {
             let receiver = PushReceiver(
                 settings: .init(host: settings.host, port: settings.port, path: settings.path, bearerTokens: settings.bearerTokens,
-                                maximumBodyBytes: settings.maximumBodyBytes, rateLimit: settings.rateLimit),
+                                maximumBodyBytes: settings.maximumBodyBytes, rateLimit: settings.rateLimit,
+                                idleTimeout: settings.idleTimeout),
                 destination: destination, metrics: metrics, logger: logger)
             let listening = ListeningFlag()
             intakeChecks.append(.init("receiver") { listening.isListening })

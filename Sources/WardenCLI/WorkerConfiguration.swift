@@ -114,8 +114,10 @@ public struct ReceiverSettings: Sendable, Equatable {
     public var maximumBodyBytes: Int
     /// `rate-limit: {per-second, burst}` per client address, or `off`; default 1,000/s, burst 2,000.
     public var rateLimit: ClientRateLimiter.Settings? = PushReceiver.Settings.defaultRateLimit
+    /// `idle-timeout`: seconds a silent connection is kept; default 30.
+    public var idleTimeout: Double = PushReceiver.Settings.defaultIdleTimeout
 
-    static let keys = ["listen", "path", "bearer-tokens-file", "max-body-bytes", "rate-limit"]
+    static let keys = ["listen", "path", "bearer-tokens-file", "max-body-bytes", "rate-limit", "idle-timeout"]
 
     static func parse(_ r: ConfigReader) throws(ConfigError) -> ReceiverSettings? {
         guard r.isPresent else { return nil }
@@ -137,9 +139,11 @@ public struct ReceiverSettings: Sendable, Equatable {
             guard !tokens.isEmpty else { throw file.error("the file \(filePath) holds no token") }
             if tokens.contains(where: { $0.contains(" ") }) { throw file.error("a line of \(filePath) holds more than one word: one token per line") }
         }
+        let idleTimeout = try r.child("idle-timeout").duration() ?? PushReceiver.Settings.defaultIdleTimeout
+        guard idleTimeout >= 1 else { throw r.child("idle-timeout").error("must be at least 1s") }
         return ReceiverSettings(host: host, port: port, path: path, bearerTokens: tokens,
                                 maximumBodyBytes: try r.child("max-body-bytes").byteSize() ?? 65_536,
-                                rateLimit: try parseRateLimit(r.child("rate-limit")))
+                                rateLimit: try parseRateLimit(r.child("rate-limit")), idleTimeout: idleTimeout)
     }
 
     /// `off`, or `{per-second: N, burst: M}` (burst default: twice the rate).
