@@ -228,7 +228,12 @@ final class Replayer {
         let keys = chosen.compactMap { i in findings[i].issuer.flatMap { iss in findings[i].jti.map { EventKey(issuer: iss, jti: $0) } } }
         let states = try await ledger.eventStates(keys)
         for i in chosen {
-            guard let iss = findings[i].issuer, let jti = findings[i].jti, let state = states[EventKey(issuer: iss, jti: jti)] else { continue }
+            // Not in the ledger after applying (the store refused it, it was dead-lettered, the
+            // replay stopped first): not repaired.
+            guard let iss = findings[i].issuer, let jti = findings[i].jti, let state = states[EventKey(issuer: iss, jti: jti)] else {
+                statistics.unrepaired += 1
+                continue
+            }
             findings[i].eventID = state.id
             findings[i].ledgerSteps = state.steps
             let done = !state.steps.contains(where: { $0.status != .done }) && state.outcome != .failed && state.outcome != .pending

@@ -153,6 +153,20 @@ struct ReplayTests {
         try await AuditExportTests.validate(exported)
     }
 
+    /// `--apply` that cannot record an event (the ledger refuses it for good: it is dead-lettered)
+    /// has repaired nothing: exit 1, not 0.
+    @Test func anApplyTheLedgerRefusesIsNoRepair() async throws {
+        let (directory, config, path) = try AuditExportTests.ledgerFolder()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        await (try SQLiteLedger(path: path)).close()
+        _ = try await runProgram("/usr/bin/sqlite3", [path, "CREATE TRIGGER refuse BEFORE INSERT ON events BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;"])
+        let log = directory.appendingPathComponent("events.log")
+        try (try WorkerTests.token(jti: "refused-1", subject: "u-refused") + "\n").write(to: log, atomically: true, encoding: .utf8)
+        let applied = try await Self.replay(config, log, apply: true)
+        #expect(applied.lines.first?["applied"]?.stringValue?.hasPrefix("rejected") == true, "\(applied.lines)")
+        #expect(applied.status == 1, "\(applied.stdout)")
+    }
+
     /// `warden replay --topic`: a consumer of its own over a time range, against the ledger.
     @Test func aTopicRangeIsComparedWithTheLedger() async throws {
         let cluster = try EmbeddedKafkaCluster(topics: [("security-events", 2)], logger: WorkerTests.quiet)
