@@ -415,6 +415,28 @@ public struct AuditRecord: Sendable {
     }
 }
 
+/// A head of the chain as a check printed it (`SEQ:HASH`), kept away from the ledger.
+public struct AuditAnchor: Sendable, Equatable, CustomStringConvertible {
+    public var seq: Int64
+    public var hash: String
+
+    public init(seq: Int64, hash: String) {
+        self.seq = seq
+        self.hash = hash
+    }
+
+    /// `SEQ:HASH`: a record number from 1 and 64 lowercase hex digits.
+    public init?(_ text: String) {
+        let parts = text.split(separator: ":", omittingEmptySubsequences: false)
+        guard parts.count == 2, let seq = Int64(parts[0]), seq >= 1, parts[1].utf8.count == 64,
+              parts[1].utf8.allSatisfy({ (UInt8(ascii: "0")...UInt8(ascii: "9")).contains($0) || (UInt8(ascii: "a")...UInt8(ascii: "f")).contains($0) })
+        else { return nil }
+        self.init(seq: seq, hash: String(parts[1]))
+    }
+
+    public var description: String { "\(seq):\(hash)" }
+}
+
 /// The hash chain: each record's hash is SHA-256 over the previous record's hash (hex), a line
 /// feed, and the record's canonical JSON text. The first record's previous hash is 64 zeros.
 public enum AuditChain {
@@ -491,11 +513,15 @@ public enum AuditChain {
         /// checkpoint record seen: it must name that start.
         private let start: (seq: Int64, hash: String)
         private var lastCheckpoint: (seq: Int64, hash: String)? = nil
+        /// Heads seen earlier and kept away from the ledger (seq → hash): the chain must still
+        /// hold each. Without one, whoever can write the ledger can rewrite its tail and head.
+        private let anchors: [Int64: String]
 
-        public init(start: (seq: Int64, hash: String) = (0, AuditChain.genesis)) {
+        public init(start: (seq: Int64, hash: String) = (0, AuditChain.genesis), anchors: [AuditAnchor] = []) {
             self.start = start
             lastSeq = start.seq
             lastHash = start.hash
+            self.anchors = Dictionary(anchors.map { ($0.seq, $0.hash) }, uniquingKeysWith: { first, _ in first })
         }
 
         /// Checks the next record; false once the chain is broken.
@@ -520,6 +546,9 @@ public enum AuditChain {
             }
             guard let parsed = Self.parse(text), parsed.seq == record.seq else {
                 return fail("the seq inside the record is not its place in the chain (records were swapped)")
+            }
+            if let anchored = anchors[record.seq], anchored != record.hash {
+                return fail("its hash is not the one anchored for it (the chain was rewritten from here or before)")
             }
             if let through = parsed.checkpoint {
                 guard through.seq < record.seq else { return fail("a checkpoint that names a record after itself") }
@@ -549,6 +578,18 @@ public enum AuditChain {
                 return .broken(seq: lastSeq + 1,
                                reason: "the chain's head is record \(head.seq) but the records end at \(lastSeq) (records removed from the end)")
             }
+            for (seq, hash) in anchors.sorted(by: { $0.key < $1.key }) {
+                if seq > lastSeq {
+                    return .broken(seq: lastSeq + 1, reason: "the chain ends at record \(lastSeq), before the anchored record \(seq) (records removed from the end)")
+                }
+                if seq == start.seq, hash != start.hash {
+                    return .broken(seq: seq, reason: "the chain's start is not the anchored record \(seq) (the chain was rewritten)")
+                }
+                if seq < start.seq {
+                    return .broken(seq: seq, reason: "the anchored record \(seq) is gone: dropped by retention, or the chain was cut "
+                                   + "(check with an anchor newer than the retention)")
+                }
+            }
             return .intact(count: count, head: lastHash)
         }
 
@@ -574,24 +615,28 @@ extension AuditingLedger {
     ///
     /// Retention may move the start while the chain is read (the worker prunes as it runs): a
     /// break found after the start moved is checked again from the new start, a few times.
-    public func checkAuditChain(pageSize: Int = 1000) async throws(LedgerError) -> AuditChain.Finding {
-        try await checkAuditChain(pageSize: pageSize, afterReadingTheStart: {})
+    ///
+    /// `anchors`: heads printed by earlier checks and kept away from the ledger; the chain must
+    /// still hold each (a rewritten tail with its head moved to match is named).
+    public func checkAuditChain(pageSize: Int = 1000, anchors: [AuditAnchor] = []) async throws(LedgerError) -> AuditChain.Finding {
+        try await checkAuditChain(pageSize: pageSize, anchors: anchors, afterReadingTheStart: {})
     }
 
     /// `afterReadingTheStart` runs between reading the start and the records: tests prune there.
-    func checkAuditChain(pageSize: Int, afterReadingTheStart: () async throws(LedgerError) -> Void)
+    func checkAuditChain(pageSize: Int, anchors: [AuditAnchor] = [], afterReadingTheStart: () async throws(LedgerError) -> Void)
         async throws(LedgerError) -> AuditChain.Finding {
         var attempts = 0
         while true {
             let start = try await auditStart()
             try await afterReadingTheStart()
-            let finding = try await checkAuditChain(from: start, pageSize: pageSize)
+            let finding = try await checkAuditChain(from: start, anchors: anchors, pageSize: pageSize)
             attempts += 1
             guard case .broken = finding, attempts < 5, try await auditStart() != start else { return finding }
         }
     }
 
-    private func checkAuditChain(from start: (seq: Int64, hash: String), pageSize: Int) async throws(LedgerError) -> AuditChain.Finding {
+    private func checkAuditChain(from start: (seq: Int64, hash: String), anchors: [AuditAnchor], pageSize: Int)
+        async throws(LedgerError) -> AuditChain.Finding {
         let before = try await auditHead()
         // Retention drops records up to the start and moves the start in one transaction: a
         // record at or before it was put there by hand, and would be exported unchecked.
@@ -599,7 +644,7 @@ extension AuditingLedger {
             return .broken(seq: first.seq, reason: "it lies at or before the chain's start (record \(start.seq)), "
                            + "where retention left no record (a record inserted by hand)")
         }
-        var checker = AuditChain.Checker(start: start)
+        var checker = AuditChain.Checker(start: start, anchors: anchors)
         var after: Int64 = start.seq
         pages: while true {
             let page = try await auditRecords(afterSeq: after, limit: pageSize)

@@ -10,7 +10,8 @@ extension WardenCommand {
         public static let configuration = CommandConfiguration(
             abstract: "Checks the audit log's hash chain, or exports it as JSON Lines.",
             discussion: """
-            verify: exit 0 printing the number of records and the chain's head when every record is intact; \
+            verify: exit 0 printing the number of records and the chain's head (SEQ:HASH) when every record is intact; \
+            keep the head away from the ledger and pass it back with --anchor: a tail rewritten since, head and all, is named; \
             exit 1 naming the first record that was changed, removed or reordered. \
             export: one JSON object per line on standard output (schemas/audit-record.schema.json), \
             records recorded in [--from, --to). \
@@ -28,6 +29,9 @@ extension WardenCommand {
         @Option(name: .long, help: ArgumentHelp("The configuration file (YAML); default: WARDEN_CONFIG.", valueName: "file"))
         var config: String = WardenConfiguration.environmentConfigPath
 
+        @Option(name: .long, help: ArgumentHelp("verify: a head an earlier verify printed (SEQ:HASH), kept away from the ledger; the chain must still hold it. Repeatable.", valueName: "seq:hash"))
+        var anchor: [String] = []
+
         @Option(name: .long, help: "export: only records recorded at or after this time (RFC 3339).")
         var from: String?
 
@@ -40,6 +44,10 @@ extension WardenCommand {
             try Self.validateTimes(from: from, to: to)
             if action == .verify, from != nil || to != nil {
                 throw ValidationError("--from and --to apply to export only: verify checks the whole chain")
+            }
+            if action == .export, !anchor.isEmpty { throw ValidationError("--anchor applies to verify only") }
+            for text in anchor where AuditAnchor(text) == nil {
+                throw ValidationError("--anchor \(text.prefix(100).debugDescription) is not SEQ:HASH (a record number and 64 lowercase hex digits, as verify prints the head)")
             }
         }
 
@@ -73,9 +81,11 @@ extension WardenCommand {
         }
 
         private func verify(_ ledger: any AuditingLedger) async throws -> Int32 {
-            switch try await ledger.checkAuditChain() {
+            switch try await ledger.checkAuditChain(anchors: anchor.compactMap(AuditAnchor.init)) {
             case .intact(let count, let hash):
-                print("audit log intact: \(count) records, head \(hash)")
+                // The head as an anchor for the next check (the worker may have appended since).
+                let head = try await ledger.auditHead()
+                print("audit log intact: \(count) records, head \(head.hash == hash ? "\(head.seq):" : "")\(hash)")
                 return 0
             case .broken(let seq, let reason):
                 print("audit log broken at record \(seq): \(reason)")

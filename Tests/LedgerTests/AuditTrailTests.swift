@@ -119,6 +119,32 @@ struct AuditTrailTests {
         await ledger.close()
     }
 
+    /// The chain's tail cut and its head moved to match passes a check of the ledger alone; an
+    /// anchor (a head printed earlier, kept elsewhere) names it, as it names a rewritten record.
+    @Test(arguments: Backend.allCases) func anAnchorNamesATailCutWithItsHead(_ backend: Backend) async throws {
+        let storage = try await LedgerUnderTest(backend)
+        let ledger = try await populated(storage)
+        let head = try await ledger.auditHead()
+        let anchor = AuditAnchor(seq: head.seq, hash: head.hash)
+        #expect(AuditAnchor(anchor.description) == anchor)
+        #expect(try await ledger.checkAuditChain(anchors: [anchor]) == .intact(count: head.seq, head: head.hash))
+        let earlier = try #require(try await ledger.auditRecords(afterSeq: 2, limit: 1).first)
+        guard case .broken(3, let wrong) = try await ledger.checkAuditChain(anchors: [AuditAnchor(seq: 3, hash: String(repeating: "0", count: 64))]) else {
+            Issue.record("a record whose hash is not the anchored one must be named"); return
+        }
+        #expect(wrong.contains("anchored"), "\(wrong)")
+
+        try await tamper(storage, "DELETE FROM audit_records WHERE seq = \(head.seq)")
+        try await tamper(storage, "UPDATE audit_head SET seq = \(head.seq - 1), hash = (SELECT hash FROM audit_records WHERE seq = \(head.seq - 1))")
+        guard case .intact = try await ledger.checkAuditChain() else { Issue.record("alone, the ledger cannot tell"); return }
+        guard case .broken(let seq, let reason) = try await ledger.checkAuditChain(anchors: [anchor, AuditAnchor(seq: earlier.seq, hash: earlier.hash)]) else {
+            Issue.record("the anchor must name the cut"); return
+        }
+        #expect(seq == head.seq, "\(reason)")
+        #expect(reason.contains("anchored record \(head.seq)"), "\(reason)")
+        await ledger.close()
+    }
+
     /// SQLite keeps any type in any cell: a record edited into a blob that is not UTF-8, or a
     /// head or start edited into text, is named as tampering — never a trap of the checker.
     @Test func cellsEditedIntoOtherTypesAreNamedNotTrapped() async throws {

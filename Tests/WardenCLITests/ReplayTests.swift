@@ -348,11 +348,23 @@ struct AuditExportTests {
         #expect(windowed.status == 0)
         #expect(windowed.stdout.isEmpty, "no record was recorded in 2000")
 
-        #expect(try await Warden.run(["audit", "verify", "--config", config.path]).stdout.hasPrefix("audit log intact: 10 records"))
+        let intact = try await Warden.run(["audit", "verify", "--config", config.path])
+        #expect(intact.stdout.hasPrefix("audit log intact: 10 records, head 10:"), "\(intact.stdout)")
+        let anchor = String(intact.stdout.split(separator: " ").last ?? "").trimmingCharacters(in: .whitespacesAndNewlines)
+        #expect(try await Warden.run(["audit", "verify", "--config", config.path, "--anchor", anchor]).status == 0)
+        #expect(try await Warden.run(["audit", "verify", "--config", config.path, "--anchor", "10:xyz"]).status == 2)
         _ = try await runProgram("/usr/bin/sqlite3", [path, "UPDATE audit_records SET record = replace(record, 'j3', 'j9') WHERE seq = 7"])
         let broken = try await Warden.run(["audit", "verify", "--config", config.path])
         #expect(broken.status == 1)
         #expect(broken.stdout.contains("broken at record 7"), "\(broken.stdout)")
+
+        // The tail cut and the head moved to match: only the anchor tells.
+        _ = try await runProgram("/usr/bin/sqlite3", [path, "UPDATE audit_records SET record = replace(record, 'j9', 'j3') WHERE seq = 7"])
+        _ = try await runProgram("/usr/bin/sqlite3", [path, "DELETE FROM audit_records WHERE seq = 10; UPDATE audit_head SET seq = 9, hash = (SELECT hash FROM audit_records WHERE seq = 9)"])
+        #expect(try await Warden.run(["audit", "verify", "--config", config.path]).status == 0)
+        let cut = try await Warden.run(["audit", "verify", "--config", config.path, "--anchor", anchor])
+        #expect(cut.status == 1)
+        #expect(cut.stdout.contains("broken at record 10"), "\(cut.stdout)")
     }
 }
 
