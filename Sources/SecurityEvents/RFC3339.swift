@@ -11,12 +11,14 @@ public enum RFC3339 {
     /// Appends `string(from:)`'s text as UTF-8, without making a string (audit records write
     /// three per event).
     public static func write(_ seconds: Double, to out: inout [UInt8]) {
-        // Years 0001…9999 only; anything else is written as the last millisecond of 9999.
-        guard seconds.isFinite, seconds >= -62_135_596_800, seconds < 253_402_300_800 else {
+        // Years 0001…9999 only, judged once rounded to the millisecond (253402300799.9996
+        // rounds into year 10000); anything else is written as the last millisecond of 9999.
+        let rounded = (seconds * 1000).rounded()
+        guard rounded.isFinite, rounded >= -62_135_596_800_000, rounded < 253_402_300_800_000 else {
             out += "9999-12-31T23:59:59.999Z".utf8
             return
         }
-        let totalMillis = Int64((seconds * 1000).rounded())
+        let totalMillis = Int64(rounded)
         let millis = Int(((totalMillis % 1000) + 1000) % 1000)
         let whole = (totalMillis - Int64(millis)) / 1000
         var days = Int(whole >= 0 ? whole / 86_400 : (whole - 86_399) / 86_400)
@@ -75,7 +77,7 @@ public enum RFC3339 {
               b[13] == UInt8(ascii: ":"), b[16] == UInt8(ascii: ":"),
               let year = number(0..<4), let month = number(5..<7), let day = number(8..<10),
               let hour = number(11..<13), let minute = number(14..<16), let second = number(17..<19),
-              (1...12).contains(month), (1...31).contains(day), hour < 24, minute < 60, second < 61
+              (1...12).contains(month), day >= 1, day <= daysIn(month, of: year), hour < 24, minute < 60, second < 60
         else { return nil }
         var i = 19
         var fraction = 0.0
@@ -110,5 +112,15 @@ public enum RFC3339 {
         let dayOfEra = yearOfEra * 365 + yearOfEra / 4 - yearOfEra / 100 + dayOfYear
         let days = era * 146_097 + dayOfEra - 719_468
         return Double(days * 86_400 + hour * 3600 + minute * 60 + second - offset) + fraction
+    }
+
+    /// The days of `month` in `year` (proleptic Gregorian): 2026-02-31 is no date, and is
+    /// refused rather than read as March 3.
+    static func daysIn(_ month: Int, of year: Int) -> Int {
+        switch month {
+        case 2: year % 4 == 0 && (year % 100 != 0 || year % 400 == 0) ? 29 : 28
+        case 4, 6, 9, 11: 30
+        default: 31
+        }
     }
 }

@@ -17,6 +17,19 @@ struct RFC3339Tests {
             #expect(RFC3339.parse(text).map { ($0 * 1000).rounded() } == (seconds * 1000).rounded(), "\(text)")
         }
         #expect(RFC3339.string(from: 1_764_149_462.9996) == "2025-11-26T09:31:03.000Z", "milliseconds round up into the next second")
+        // Rounding up into year 10000 is out of range: the last millisecond of 9999.
+        #expect(RFC3339.string(from: 253_402_300_799.9996) == "9999-12-31T23:59:59.999Z")
+    }
+
+    /// A day the month does not have, or second 60, is no time (not a later one, normalised).
+    @Test func daysTheMonthLacksAreRefused() {
+        for bad in ["2026-02-29T00:00:00Z", "2026-02-31T00:00:00Z", "2026-04-31T00:00:00Z", "1900-02-29T00:00:00Z",
+                    "2026-11-26T09:31:60Z"] {
+            #expect(RFC3339.parse(bad) == nil, "\(bad)")
+        }
+        for good in ["2024-02-29T00:00:00Z", "2000-02-29T00:00:00Z", "2026-01-31T23:59:59Z", "2026-12-31T00:00:00Z"] {
+            #expect(RFC3339.parse(good) != nil, "\(good)")
+        }
     }
 
     @Test func offsetsAndCaseAreAcceptedAndNonsenseIsNot() {
