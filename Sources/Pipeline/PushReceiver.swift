@@ -56,6 +56,9 @@ public struct PushReceiver: Sendable {
     public let settings: Settings
     let destination: any PushDestination
     let limiter: ClientRateLimiter?
+    /// Requests that fail authentication are counted apart: however many a client behind the
+    /// same address (a load balancer's) sends, they never use up a transmitter's rate.
+    let unauthenticatedLimiter: ClientRateLimiter?
     let metrics: WardenMetrics
     let logger: Logger
 
@@ -66,6 +69,7 @@ public struct PushReceiver: Sendable {
         self.settings = settings
         self.destination = destination
         self.limiter = settings.rateLimit.map { ClientRateLimiter(settings: $0) }
+        self.unauthenticatedLimiter = settings.rateLimit.map { ClientRateLimiter(settings: $0) }
         self.metrics = metrics
         self.logger = logger
     }
@@ -102,15 +106,17 @@ public struct PushReceiver: Sendable {
     }
 
     private func answer(_ request: Request, client: String) async -> Response {
-        // A client over its rate is refused before anything else is looked at; others go on.
-        if let limiter, case .failure(let limited) = limiter.admit(client) {
-            return Response(status: .tooManyRequests, headers: [.retryAfter: "\(max(1, Int(limited.retryAfter.rounded(.up))))"])
-        }
+        // The bearer token is checked first (in constant time, before the body is read): a
+        // request that fails it counts against a rate of its own, never against the rate of
+        // the transmitters that authenticate from the same address.
         guard isAuthorized(request.headers[.authorization]) else {
+            if let limited = Self.overRate(unauthenticatedLimiter, client) { return limited }
             // Says nothing about what is configured: only that a bearer token is wanted.
             let challenge = request.headers[.authorization] == nil ? "Bearer" : "Bearer error=\"invalid_token\""
             return Response(status: .unauthorized, headers: [.wwwAuthenticate: challenge])
         }
+        // A client over its rate is refused before the request is looked at further.
+        if let limited = Self.overRate(limiter, client) { return limited }
         guard Self.isSecurityEventToken(request.headers[.contentType]) else {
             return Response(status: .unsupportedMediaType, headers: [.accept: "application/secevent+jwt"])
         }
@@ -136,6 +142,12 @@ public struct PushReceiver: Sendable {
         case .unavailable:
             return Self.unavailable()
         }
+    }
+
+    /// `429` with `Retry-After` when `client` is over its rate at `limiter`.
+    private static func overRate(_ limiter: ClientRateLimiter?, _ client: String) -> Response? {
+        guard let limiter, case .failure(let limited) = limiter.admit(client) else { return nil }
+        return Response(status: .tooManyRequests, headers: [.retryAfter: "\(max(1, Int(limited.retryAfter.rounded(.up))))"])
     }
 
     /// A bearer token is wanted when some are configured; each is compared in full, in time

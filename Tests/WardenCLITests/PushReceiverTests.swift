@@ -396,6 +396,24 @@ struct PushReceiverTests {
         #expect(await worker.terminate() == 0)
     }
 
+    /// Requests that fail authentication have a rate of their own: a flood of them from an
+    /// address (a load balancer's) does not make a transmitter behind it hear 429.
+    @Test func requestsFailingAuthenticationDoNotUseUpATransmittersRate() async throws {
+        let setup = try Setup()
+        defer { setup.cleanUp() }
+        let text = try String(contentsOf: setup.config, encoding: .utf8)
+            .replacingOccurrences(of: "max-body-bytes: 8KiB", with: "max-body-bytes: 8KiB\n  rate-limit: {per-second: 1, burst: 3}")
+        try text.write(to: setup.config, atomically: true, encoding: .utf8)
+        let worker = try WorkerProcess(config: setup.config)
+        let port = try await worker.announcedPort("receiver")
+        var statuses: [Int] = []
+        for i in 0..<6 { statuses.append(try await Self.send(port, try WorkerTests.token(subject: "junk-\(i)"), bearer: "wrong").status) }
+        #expect(statuses.prefix(3).allSatisfy { $0 == 401 }, "\(statuses)")
+        #expect(statuses.suffix(2).contains(429), "\(statuses)")
+        #expect(try await Self.send(port, try WorkerTests.token(subject: "genuine"), bearer: Self.bearer).status == 202)
+        #expect(await worker.terminate() == 0)
+    }
+
     /// No sender delivers a pushed SET again once it got its 202: steps a killed process left
     /// pending are resumed by the next start, the ones recorded done are not run again.
     @Test func stepsLeftPendingByAKillAreResumedAtTheNextStart() async throws {
