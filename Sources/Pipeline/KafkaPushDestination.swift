@@ -81,6 +81,7 @@ public struct KafkaPushDestination: PushDestination {
         }) {
             return .unavailable
         }
+        processor.metrics.outcome("invalid")
         return .refused(code: code)
     }
 

@@ -187,14 +187,18 @@ struct CoreTests {
     @Test func aPushWhileTheLedgerIsDownIsAnsweredUnavailableWithinItsDeadline() async throws {
         let world = World()
         world.ledger.state.withLock { $0.unavailableWrites = .max }
-        let destination = LedgerPushDestination(answerWithin: .milliseconds(200))
+        let destination = LedgerPushDestination(answerWithin: .milliseconds(500))
         let running = Task { await world.pipeline.run(destination.records) }
         let message = Self.token(Self.issuerA, "u1", jti: "while-down", key: Self.keyA)
         #expect(await destination.persist(message) == .unavailable)
         #expect(world.ledger.event("while-down") == nil)
         world.ledger.state.withLock { $0.unavailableWrites = 0 }
         #expect(await eventually { world.ledger.event("while-down") != nil })
-        #expect(await destination.persist(message) == .accepted)
+        // The sender sends it again (until answered: a busy machine may take longer than the
+        // deadline): a duplicate, accepted.
+        var answer = PushOutcome.unavailable
+        for _ in 0..<20 where answer != .accepted { answer = await destination.persist(message) }
+        #expect(answer == .accepted)
         world.stop.stop()
         destination.records.close()
         await running.value

@@ -539,8 +539,10 @@ extension EngineWorkerTests {
     // before the cut go; the audit log still verifies (a checkpoint record); the worker goes on.
     @Test func retentionPrunesWhileTheWorkerRunsAndTheAuditLogStillVerifies() async throws {
         let redis = try await RedisServer()
-        let setup = try WorkerTests.Setup(keySource: "jwks-file: jwks.json\n    max-age: 8s",
-                                          ledger: "{url: \"sqlite:ledger.sqlite\", retention: 8s}", extra: """
+        // The retention covers the max-age and the clock skew (a token may say it was issued
+        // up to the skew after it arrived).
+        let setup = try WorkerTests.Setup(keySource: "jwks-file: jwks.json\n    max-age: 8s\n    clock-skew: 1s",
+                                          ledger: "{url: \"sqlite:ledger.sqlite\", retention: 9s}", extra: """
             targets:
               sessions: {redis: "redis://127.0.0.1:\(redis.port)/0"}
             """)

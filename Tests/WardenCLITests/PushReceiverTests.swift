@@ -354,6 +354,9 @@ struct PushReceiverTests {
         #expect(rejections.map(\.source) == ["push", "push"])
         #expect(rejections.map(\.errorCode) == ["invalid_key", "invalid_state"])
         try await WorkerTests.waitFor("the verification recorded") { try SQLiteLedgerReader(path: setup.ledgerPath).events().count == 4 }
+        // The two refused pushes are counted as invalid events, as the pipeline counts its own.
+        let metrics = try await WorkerTests.httpGet(try await worker.httpPort(), "/metrics").1
+        #expect(metrics.contains(#"warden_events_total{outcome="invalid"} 2"#), "\(metrics)")
         #expect(await worker.terminate() == 0)
     }
 
