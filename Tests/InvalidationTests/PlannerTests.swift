@@ -122,6 +122,17 @@ struct PlannerTests {
         let own = token(EventURIPrefix.caep + "session-revoked",
                         subject: subject.replacingOccurrences(of: "https://idp/", with: "https://accounts.google.com/"))
         #expect(Planner.values(for: own.events[0], in: own, resolution: .unresolved)["sub"] == "u-1")
+        // A canonically equivalent spelling of the signer (U+212A for "K") is another issuer.
+        func signed(by issuer: String, subjectIssuer: String) -> SecurityEventToken {
+            let json = #"{"iss":"\#(issuer)","aud":"app","iat":1700000000,"jti":"j-2","events":{"\#(EventURIPrefix.caep)session-revoked":"#
+                + #"{"subject":{"format":"iss_sub","iss":"\#(subjectIssuer)","sub":"u-1"}}}}"#
+            return try! SecurityEventToken.parse(claims: try! JSONParser.parse(json).objectValue!)
+        }
+        let kelvin = signed(by: "https://K.example/", subjectIssuer: #"https://\u212A.example/"#)
+        #expect(kelvin.events[0].subject?.issuerSubject?.iss == "https://K.example/", "Swift's == holds them equal")
+        #expect(Planner.values(for: kelvin.events[0], in: kelvin, resolution: .unresolved)["sub"] == nil)
+        let same = signed(by: "https://K.example/", subjectIssuer: "https://K.example/")
+        #expect(Planner.values(for: same.events[0], in: same, resolution: .unresolved)["sub"] == "u-1")
     }
 }
 
