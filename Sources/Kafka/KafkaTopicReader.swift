@@ -16,6 +16,11 @@ public final class KafkaTopicReader {
     private let to: Double?
     /// Per partition: the offset reading ends before (the high watermark when the reader was made).
     private var ends: [Int32: Int64] = [:]
+    /// Per partition: the oldest offset still on the topic, and where reading the range started.
+    private var lowWatermarks: [Int32: Int64] = [:]
+    private var starts: [Int32: Int64] = [:]
+    /// Per partition: runs of offsets read and skipped for a timestamp outside [from, to).
+    private var skipped: [Int32: [ClosedRange<Int64>]] = [:]
     private var remaining: Set<Int32> = []
     /// Messages to read in all (an upper bound: some may lie outside the time range).
     public let total: Int64
@@ -62,6 +67,7 @@ public final class KafkaTopicReader {
                 throw KafkaError(.client, "cannot read the offsets of \(topic)/\(partition): \(String(cString: rd_kafka_err2str(answer)))")
             }
             starts[partition] = low
+            lowWatermarks[partition] = low
             ends[partition] = high
         }
         if let from {
@@ -81,6 +87,7 @@ public final class KafkaTopicReader {
             }
         }
         let ends = self.ends
+        self.starts = starts
         total = partitions.reduce(0) { $0 + max(0, ends[$1]! - starts[$1]!) }
         remaining = Set(partitions.filter { ends[$0]! > starts[$0]! })
         let assignment = rd_kafka_topic_partition_list_new(Int32(partitions.count))!
@@ -137,12 +144,31 @@ public final class KafkaTopicReader {
             let message = KafkaMessage(copying: pointer)
             if let timestamp = message.timestamp {
                 let seconds = Double(timestamp) / 1000
-                if let from, seconds < from { continue }
-                if let to, seconds >= to { continue }
+                if let from, seconds < from { skip(partition, offset); continue }
+                if let to, seconds >= to { skip(partition, offset); continue }
             }
             messages.append(message)
         }
         return messages
+    }
+
+    /// Remembered as a run of skipped offsets (the usual skips, before `from` where the cluster
+    /// cannot look up offsets for times and after `to`, are one run each: memory stays small).
+    private func skip(_ partition: Int32, _ offset: Int64) {
+        if let last = skipped[partition]?.last, last.upperBound < offset, last.upperBound >= offset - 1 {
+            skipped[partition]![skipped[partition]!.count - 1] = last.lowerBound...offset
+        } else {
+            skipped[partition, default: []].append(offset...offset)
+        }
+    }
+
+    /// Whether the message at `offset` is still on the topic but outside the time range (before
+    /// the range's start, or read and skipped for its timestamp): a ledger event recorded from
+    /// it is no event missing from the range. Known once the range is read.
+    public func isOutsideTheRange(partition: Int32, offset: Int64) -> Bool {
+        guard let low = lowWatermarks[partition], offset >= low else { return false }
+        if let start = starts[partition], offset < start { return true }
+        return skipped[partition]?.contains { $0.contains(offset) } ?? false
     }
 
     /// A partition read to its end: no longer waited for, and paused so it fetches nothing more.

@@ -152,14 +152,18 @@ public struct EventSummary: Sendable, Equatable {
     public var eventTypes: [String]
     public var outcome: EventOutcome
     public var receivedAt: Double
+    /// Where its first delivery came from (`kafka:topic/partition/offset`, `push`, …).
+    public var source: String
 
-    public init(id: Int64, issuer: String, jti: String, eventTypes: [String], outcome: EventOutcome, receivedAt: Double) {
+    public init(id: Int64, issuer: String, jti: String, eventTypes: [String], outcome: EventOutcome, receivedAt: Double,
+                source: String = "") {
         self.id = id
         self.issuer = issuer
         self.jti = jti
         self.eventTypes = eventTypes
         self.outcome = outcome
         self.receivedAt = receivedAt
+        self.source = source
     }
 }
 

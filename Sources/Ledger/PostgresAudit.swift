@@ -136,15 +136,15 @@ extension PostgresLedger {
     {
         try await transaction("read events") { connection in
             var events: [EventSummary] = []
-            for try await (id, issuer, jti, types, outcome, receivedAt) in try await connection.query("""
-                SELECT id, issuer, jti, event_types, outcome, received_at FROM events
+            for try await (id, issuer, jti, types, outcome, receivedAt, source) in try await connection.query("""
+                SELECT id, issuer, jti, event_types, outcome, received_at, source FROM events
                 WHERE id > \(afterID) AND starts_with(source, \(sourcePrefix))
                   AND received_at >= \(from) AND received_at < \(to)
                 ORDER BY id LIMIT \(limit)
-                """, logger: self.logger).decode((Int64, String, String, String, String, Double).self) {
+                """, logger: self.logger).decode((Int64, String, String, String, String, Double, String).self) {
                 events.append(EventSummary(id: id, issuer: issuer, jti: jti,
                                            eventTypes: (try? JSONParser.parse(types))?.arrayValue?.compactMap(\.stringValue) ?? [],
-                                           outcome: EventOutcome(rawValue: outcome) ?? .claimed, receivedAt: receivedAt))
+                                           outcome: EventOutcome(rawValue: outcome) ?? .claimed, receivedAt: receivedAt, source: source))
             }
             return events
         }

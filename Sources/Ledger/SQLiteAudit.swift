@@ -244,13 +244,13 @@ extension SQLiteLedger {
     {
         try reader.read { db in
             try Row.fetchAll(db, sql: """
-                SELECT id, issuer, jti, event_types, outcome, received_at FROM events
+                SELECT id, issuer, jti, event_types, outcome, received_at, source FROM events
                 WHERE id > ? AND substr(source, 1, ?) = ? AND received_at >= ? AND received_at < ? ORDER BY id LIMIT ?
                 """, arguments: [afterID, sourcePrefix.utf8.count, sourcePrefix, from, to, limit]).map { row in
                 let types: String = row[3]
                 return EventSummary(id: row[0], issuer: row[1], jti: row[2],
                                     eventTypes: (try? JSONParser.parse(types))?.arrayValue?.compactMap(\.stringValue) ?? [],
-                                    outcome: EventOutcome(rawValue: row[4]) ?? .claimed, receivedAt: row[5])
+                                    outcome: EventOutcome(rawValue: row[4]) ?? .claimed, receivedAt: row[5], source: row[6])
             }
         }
     }

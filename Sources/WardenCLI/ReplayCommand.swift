@@ -182,7 +182,8 @@ extension WardenCommand {
                 }
                 if let topic {
                     try await replayer.eventsNotInLog(topic: topic, from: from.flatMap(RFC3339.parse) ?? 0,
-                                                      to: to.flatMap(RFC3339.parse) ?? .infinity) { write([$0]) }
+                                                      to: to.flatMap(RFC3339.parse) ?? .infinity,
+                                                      outsideTheRange: source.isOutsideTheRange) { write([$0]) }
                 }
             } catch let error as Replayer.KeysUnavailable {
                 await door?.finish()

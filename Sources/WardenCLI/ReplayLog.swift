@@ -26,6 +26,13 @@ protocol ReplaySource {
     var progress: (done: Double, total: Double?) { get }
     /// Releases the file or the consumer.
     func close()
+    /// For a topic: whether its message at `partition`/`offset` is still on it but outside the
+    /// time range (a ledger event recorded from it is not missing from the range).
+    func isOutsideTheRange(partition: Int32, offset: Int64) -> Bool
+}
+
+extension ReplaySource {
+    func isOutsideTheRange(partition: Int32, offset: Int64) -> Bool { false }
 }
 
 struct ReplayLogError: Error, CustomStringConvertible {
@@ -185,4 +192,6 @@ struct KafkaReplaySource: ReplaySource {
     }
 
     func close() { reader.close() }
+
+    func isOutsideTheRange(partition: Int32, offset: Int64) -> Bool { reader.isOutsideTheRange(partition: partition, offset: offset) }
 }

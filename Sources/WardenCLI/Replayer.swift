@@ -244,14 +244,23 @@ final class Replayer {
 
     /// For a topic: the ledger's events from that topic received in the range that the log did
     /// not hold, page by page.
-    func eventsNotInLog(topic: String, from: Double, to: Double, each: (ReplayFinding) throws -> Void) async throws {
+    /// `outsideTheRange`: whether the topic's message at a partition and offset is still on it
+    /// but outside the time range — the ledger's times are when the worker consumed a message,
+    /// the range's are the messages' own: one produced just before `from` and consumed after it
+    /// is not missing from the range.
+    func eventsNotInLog(topic: String, from: Double, to: Double, outsideTheRange: (Int32, Int64) -> Bool,
+                        each: (ReplayFinding) throws -> Void) async throws {
         var after: Int64 = 0
+        let prefix = "kafka:\(topic)/"
         while true {
-            let page = try await ledger.events(sourcePrefix: "kafka:\(topic)/", receivedFrom: from, to: to, afterID: after, limit: 1000)
+            let page = try await ledger.events(sourcePrefix: prefix, receivedFrom: from, to: to, afterID: after, limit: 1000)
             for event in page {
                 after = event.id
                 let hash = SeenPairs.hash(EventKey(issuer: event.issuer, jti: event.jti))
                 guard try !seen.contains(hash), try !claimedSeen.contains(hash) else { continue }
+                // kafka:<topic>/<partition>/<offset>
+                let place = event.source.dropFirst(prefix.count).split(separator: "/")
+                if place.count == 2, let partition = Int32(place[0]), let offset = Int64(place[1]), outsideTheRange(partition, offset) { continue }
                 let finding = ReplayFinding(position: "ledger event \(event.id)", jti: event.jti, issuer: event.issuer, valid: true,
                                             types: event.eventTypes.map { EventType($0).name }, status: .notInLog,
                                             eventID: event.id, planned: [], time: event.receivedAt)

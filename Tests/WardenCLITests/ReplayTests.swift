@@ -191,7 +191,7 @@ struct ReplayTests {
             from confluent_kafka import Producer
             p = Producer({"bootstrap.servers": sys.argv[1]})
             for ts, value in ((\(Int(start) - 3600) * 1000, sys.argv[2]), (\(Int(start) + 10) * 1000, sys.argv[3]), (\(Int(start) + 20) * 1000, sys.argv[4])):
-                p.produce("security-events", value=value.encode(), key=b"k", timestamp=ts)
+                p.produce("security-events", value=value.encode(), key=b"k", partition=1, timestamp=ts)
             p.flush(10)
             """
         _ = try await runProgram("/usr/bin/python3", ["-c", producer, cluster.bootstrapServers, early, seen, unseen])
@@ -202,7 +202,10 @@ struct ReplayTests {
                         eventTypes: [EventType.sessionsRevoked.uri], subject: nil, keyID: WorkerTests.rsa.keyID, algorithm: "RS256",
                         keyThumbprint: "t", issuedAt: time, receivedAt: time)
         }
-        _ = try await ledger.claim(event("seen", seen, source: "kafka:security-events/1/0", at: start + 11), outcome: .processed, steps: [])
+        _ = try await ledger.claim(event("seen", seen, source: "kafka:security-events/1/1", at: start + 11), outcome: .processed, steps: [])
+        // Produced before the range (its timestamp) but consumed in it (the ledger's time): still
+        // on the topic, outside the range, so not missing from it.
+        _ = try await ledger.claim(event("early", early, source: "kafka:security-events/1/0", at: start + 5), outcome: .processed, steps: [])
         // Recorded from the topic in the range, but no longer on it (retention).
         _ = try await ledger.claim(event("gone", "x.y.z", source: "kafka:security-events/0/0", at: start + 30), outcome: .processed, steps: [])
         // From another topic: not this replay's business.
