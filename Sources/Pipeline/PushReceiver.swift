@@ -261,11 +261,38 @@ public final class LedgerPushDestination: PushDestination {
 
     public static let defaultAnswerWithin: Duration = .seconds(10)
 
+    /// Requests waiting for an answer, with the time each gives up: one sweeper (`sweep()`)
+    /// gives up those past it, rather than a timer task per request.
+    private struct Waiting {
+        var next = 0
+        var requests: [Int: (deadline: ContinuousClock.Instant, acknowledgements: [PushAcknowledgement])] = [:]
+    }
+
+    private let waiting = Mutex(Waiting())
+
     /// `maximumWaiting`: records waiting for the pipeline beyond which requests are answered
     /// 503 at once, so that memory stays bounded while the ledger is down.
     public init(answerWithin: Duration = defaultAnswerWithin, maximumWaiting: Int = 4096) {
         self.answerWithin = answerWithin
         records = RecordFeed(maximumWaiting: maximumWaiting)
+    }
+
+    /// Gives up, every tenth of a second, the requests past their deadline, until the feed is
+    /// closed and no request waits (`PushIntake` runs it beside the pipeline).
+    public func sweep() async {
+        while !(records.isClosed && waiting.withLock { $0.requests.isEmpty }) {
+            try? await Task.sleep(for: .milliseconds(100))
+            let now = ContinuousClock.now
+            let expired = waiting.withLock { w -> [PushAcknowledgement] in
+                var expired: [PushAcknowledgement] = []
+                for (id, request) in w.requests where request.deadline <= now {
+                    expired += request.acknowledgements
+                    w.requests[id] = nil
+                }
+                return expired
+            }
+            for acknowledgement in expired { acknowledgement.giveUp() }
+        }
     }
 
     public func persist(_ message: IntakeMessage) async -> PushOutcome {
@@ -279,12 +306,13 @@ public final class LedgerPushDestination: PushDestination {
         guard records.submit(zip(messages, acknowledgements).map { IntakeRecord($0, acknowledgement: $1) }) else {
             return messages.map { _ in .unavailable }
         }
-        let deadline = answerWithin
-        let timer = Task {
-            guard (try? await Task.sleep(for: deadline)) != nil else { return }
-            for acknowledgement in acknowledgements { acknowledgement.giveUp() }
+        let deadline = ContinuousClock.now.advanced(by: answerWithin)
+        let id = waiting.withLock { w -> Int in
+            w.next += 1
+            w.requests[w.next] = (deadline, acknowledgements)
+            return w.next
         }
-        defer { timer.cancel() }
+        defer { _ = waiting.withLock { $0.requests.removeValue(forKey: id) } }
         var outcomes: [PushOutcome] = []
         outcomes.reserveCapacity(messages.count)
         for acknowledgement in acknowledgements {
@@ -391,6 +419,9 @@ public final class RecordFeed: AsyncSequence, Sendable {
         return taken
     }
 
+    /// Whether `close()` was called.
+    var isClosed: Bool { state.withLock { $0.closed } }
+
     public func close() {
         let waiter = state.withLock { s -> CheckedContinuation<[IntakeRecord]?, Never>? in
             s.closed = true
@@ -448,6 +479,8 @@ public struct PushIntake: Service {
             if let first = page, !feed.submitFront(first.records) { page = nil }
             await withDiscardingTaskGroup { group in
                 group.addTask { await pipeline.run(feed) }
+                // Requests that waited too long are answered 503 (the ledger may be down).
+                group.addTask { await destination.sweep() }
                 // One page at a time: however much was left, what is held in memory is bounded.
                 while let current = page?.page {
                     await current.settled()

@@ -189,6 +189,7 @@ struct CoreTests {
         world.ledger.state.withLock { $0.unavailableWrites = .max }
         let destination = LedgerPushDestination(answerWithin: .milliseconds(500))
         let running = Task { await world.pipeline.run(destination.records) }
+        let sweeping = Task { await destination.sweep() }
         let message = Self.token(Self.issuerA, "u1", jti: "while-down", key: Self.keyA)
         #expect(await destination.persist(message) == .unavailable)
         #expect(world.ledger.event("while-down") == nil)
@@ -202,6 +203,7 @@ struct CoreTests {
         world.stop.stop()
         destination.records.close()
         await running.value
+        await sweeping.value
     }
 
     // Records from requests wait for the pipeline up to a bound; beyond it they are refused
