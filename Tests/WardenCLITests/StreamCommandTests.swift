@@ -1,4 +1,5 @@
 import Foundation
+import Kafka
 import Ledger
 import SETMinting
 import SecurityEvents
@@ -160,6 +161,16 @@ struct StreamCommandTests {
         return (directory, config)
     }
 
+    /// The `stream:` section of an SSF stream polled at `ssf`'s /poll with the bearer token file.
+    static func pollStream(_ ssf: KeyServer) -> String {
+        """
+        api: ssf
+        credentials-file: bearer
+        delivery: {method: poll, endpoint-url: "\(ssf.url("/poll"))"}
+        events: [session-revoked]
+        """
+    }
+
     static func ssfToken(_ ssf: KeyServer, jti: String, key: SigningKey = WorkerTests.ec) throws -> String {
         try SETMinter.token(claims: [
             "iss": .string(ssf.baseURL), "aud": .string(WorkerTests.audience), "iat": .number(Date().timeIntervalSince1970.rounded(.down)),
@@ -240,12 +251,7 @@ struct StreamCommandTests {
             .init(body: #"{"sets":{"p-1":"\#(good)"}}"#, headers: ["Content-Type": "application/json"]),
         ])
         ssf.serve("/poll", .init(body: #"{"sets":{}}"#, headers: ["Content-Type": "application/json"], delay: 0.3))
-        let (directory, config) = try Self.ssfConfig(ssf, bearer: "poll-token", stream: """
-            api: ssf
-            credentials-file: bearer
-            delivery: {method: poll, endpoint-url: "\(ssf.url("/poll"))"}
-            events: [session-revoked]
-            """, extra: "http:\n  listen: 127.0.0.1:0")
+        let (directory, config) = try Self.ssfConfig(ssf, bearer: "poll-token", stream: Self.pollStream(ssf), extra: "http:\n  listen: 127.0.0.1:0")
         let ledgerPath = directory.appendingPathComponent("ledger.sqlite").path
         let worker = try WorkerProcess(config: config)
         let httpPort = try await worker.httpPort()
@@ -308,12 +314,7 @@ struct StreamCommandTests {
         #expect(first.utf8.count > 1 << 20, "more than the 1 MiB an answer used to be allowed")
         ssf.enqueue("/poll", [.init(body: first, headers: ["Content-Type": "application/json"])])
         ssf.serve("/poll", .init(body: #"{"sets":{},"moreAvailable":true}"#, headers: ["Content-Type": "application/json"]))
-        let (directory, config) = try Self.ssfConfig(ssf, bearer: "poll-token", stream: """
-            api: ssf
-            credentials-file: bearer
-            delivery: {method: poll, endpoint-url: "\(ssf.url("/poll"))"}
-            events: [session-revoked]
-            """)
+        let (directory, config) = try Self.ssfConfig(ssf, bearer: "poll-token", stream: Self.pollStream(ssf))
         // A second issuer whose keys cannot be fetched.
         let text = try String(contentsOf: config, encoding: .utf8).replacingOccurrences(of: "ledger: sqlite:ledger.sqlite", with: """
               - issuer: \(down)
@@ -334,6 +335,30 @@ struct StreamCommandTests {
         let before = ssf.requests("/poll")
         try await Task.sleep(for: .seconds(3))
         #expect(ssf.requests("/poll") - before <= 8, "\(ssf.requests("/poll") - before) requests in 3 s")
+        #expect(await worker.terminate() == 0)
+        try? FileManager.default.removeItem(at: directory)
+        await ssf.stop()
+    }
+
+    /// With Kafka, a polled SET is produced to the topic with the header `source: poll` (the
+    /// door it came by), read by an independent client (kcat).
+    @Test func withKafkaAPolledSetIsProducedWithItsSource() async throws {
+        let ssf = try await Self.transmitter()
+        let cluster = try EmbeddedKafkaCluster(topics: [("security-events", 1)], logger: WorkerTests.quiet)
+        let polled = try Self.ssfToken(ssf, jti: "kp-1")
+        ssf.enqueue("/poll", [.init(body: #"{"sets":{"kp-1":"\#(polled)"}}"#, headers: ["Content-Type": "application/json"])])
+        ssf.serve("/poll", .init(body: #"{"sets":{}}"#, headers: ["Content-Type": "application/json"], delay: 0.3))
+        let (directory, config) = try Self.ssfConfig(ssf, bearer: "poll-token", stream: Self.pollStream(ssf), extra: """
+            kafka:
+              brokers: \(cluster.bootstrapServers)
+              topic: security-events
+              group: warden
+            """)
+        let worker = try WorkerProcess(config: config)
+        try await WorkerTests.waitFor("the polled SET acknowledged") { ssf.requests("/poll") >= 2 }
+        let messages = try await PushReceiverTests.topicMessages(cluster.bootstrapServers)
+        #expect(messages.map(\.value) == [polled])
+        #expect(messages.first?.headers["source"] == "poll")
         #expect(await worker.terminate() == 0)
         try? FileManager.default.removeItem(at: directory)
         await ssf.stop()
