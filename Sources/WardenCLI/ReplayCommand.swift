@@ -206,6 +206,10 @@ extension WardenCommand {
             if let reportFile, !reportBuffer.isEmpty { reportFile.write(Data(reportBuffer.utf8)) }
             let statistics = replayer.statistics
             print(statistics.summary)
+            if statistics.untokened > 0 {
+                FileHandle.standardError.write(Data(("warden: \(statistics.untokened) of \(statistics.entries) entries held no token "
+                    + "(the first at \(statistics.firstUntokened ?? "?")); they are reported invalid — is this the right log?\n").utf8))
+            }
             if let html {
                 do {
                     try ReplayHTML.render(statistics, title: file ?? "topic \(topic!)", applied: apply)

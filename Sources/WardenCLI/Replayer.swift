@@ -127,12 +127,17 @@ final class Replayer {
         for (entry, result) in zip(entries, results) {
             switch result {
             case nil:
+                statistics.noteUntokened(at: entry.position)
                 findings.append(ReplayFinding(position: entry.position, jti: nil, issuer: nil, valid: false,
                                               error: ("invalid_request", entry.malformed ?? "not a token"), types: [], status: .invalid,
                                               planned: [], time: entry.receivedAt))
             case .failure(let error) where error.isRetryable:
                 throw KeysUnavailable(position: entry.position, reason: error.description)
             case .failure(let error):
+                // Not even shaped as a compact token: as good as no token.
+                if error.kind == .malformed || error.kind == .tooLarge {
+                    statistics.noteUntokened(at: entry.position)
+                }
                 // What it claims to be, unverified: to find what the ledger made of this very token.
                 let claimed = UnverifiedClaims(entry.token)
                 findings.append(ReplayFinding(position: entry.position, jti: claimed.jti, issuer: claimed.issuer, valid: false,
@@ -292,6 +297,16 @@ struct ReplayStatistics {
     /// Discrepancies no replay can repair: a token acted on that is refused today, an event the
     /// ledger holds that is gone from the topic.
     var unrepairable = 0
+    /// Entries that held no token at all (not JSON with a "token", a line too long), and where
+    /// the first was: reported invalid, and said on stderr — a log of the wrong file must not
+    /// pass for one with nothing to repair.
+    var untokened = 0
+    var firstUntokened: String? = nil
+
+    mutating func noteUntokened(at position: String) {
+        untokened += 1
+        if firstUntokened == nil { firstUntokened = position }
+    }
 
     mutating func add(_ finding: ReplayFinding) {
         entries += 1

@@ -108,6 +108,9 @@ struct ReplayTests {
         #expect(dry.lines[2]["jti"]?.stringValue == "forged-1")
         #expect(dry.lines[1]["ledger_steps"]?.arrayValue?.first?.objectValue?["status"]?.stringValue == "failed")
         #expect(dry.stdout.contains("never-processed    1"), "\(dry.stdout)")
+        // Lines that hold no token are said on stderr (the report's stdout+stderr): the wrong log
+        // must not pass for one with nothing to repair.
+        #expect(dry.stdout.contains("2 of 8 entries held no token (the first at line 7)"), "\(dry.stdout)")
         #expect(dry.stdout.contains("sessions-revoked: "), "\(dry.stdout)")
         #expect(hooks.requests("/hook") == callsBefore, "a dry run acts on nothing")
         let page = try String(contentsOf: html, encoding: .utf8)
