@@ -21,7 +21,8 @@ struct PushReceiverTests {
         let config: URL
         var ledgerPath: String { directory.appendingPathComponent("ledger.sqlite").path }
 
-        init(keySource: String = "jwks-file: jwks.json", bearerTokens: Bool = true, extra: String = "") throws {
+        /// `receiver`: one more line of the receiver section (e.g. `idle-timeout: 1s`).
+        init(keySource: String = "jwks-file: jwks.json", bearerTokens: Bool = true, receiver: String = "", extra: String = "") throws {
             directory = try WorkerTests.keyFolder()
             // CRLF and a blank line: neither is part of a token.
             try "\(PushReceiverTests.bearer)\r\n\r\nanother-token\n".write(to: directory.appendingPathComponent("push-tokens"),
@@ -34,6 +35,7 @@ struct PushReceiverTests {
               path: /events
               \(bearerTokens ? "bearer-tokens-file: push-tokens" : "")
               max-body-bytes: 8KiB
+              \(receiver)
             http:
               listen: 127.0.0.1:0
             ledger: sqlite:ledger.sqlite
@@ -213,15 +215,11 @@ struct PushReceiverTests {
         #expect(Set(acknowledged).subtracting(recorded).isEmpty, "answered 202 but not in the ledger: \(Set(acknowledged).subtracting(recorded).sorted().prefix(5))")
     }
 
-    /// The receiver and the health server on one address: both answer there.
     /// A client that opens a connection and sends half a request line holds it no longer than
     /// `idle-timeout`: the receiver closes it (seen by an independent client, python3).
     @Test func aSilentConnectionIsClosedAfterTheIdleTimeout() async throws {
-        let setup = try Setup()
+        let setup = try Setup(receiver: "idle-timeout: 1s")
         defer { setup.cleanUp() }
-        let text = try String(contentsOf: setup.config, encoding: .utf8)
-            .replacingOccurrences(of: "max-body-bytes: 8KiB", with: "max-body-bytes: 8KiB\n  idle-timeout: 1s")
-        try text.write(to: setup.config, atomically: true, encoding: .utf8)
         let worker = try WorkerProcess(config: setup.config)
         let port = try await worker.announcedPort("receiver")
         let client = """
@@ -240,6 +238,7 @@ struct PushReceiverTests {
         #expect(await worker.terminate() == 0)
     }
 
+    /// The receiver and the health server on one address: both answer there.
     @Test func theReceiverAndTheHealthEndpointsShareOneAddress() async throws {
         let port = try freeLoopbackPort()
         let setup = try Setup(bearerTokens: false)
@@ -379,11 +378,8 @@ struct PushReceiverTests {
 
     /// Each client address has its own rate: past its burst it hears 429 with Retry-After.
     @Test func aClientOverItsRateIsAnswered429() async throws {
-        let setup = try Setup(bearerTokens: false)
+        let setup = try Setup(bearerTokens: false, receiver: "rate-limit: {per-second: 1, burst: 3}")
         defer { setup.cleanUp() }
-        let text = try String(contentsOf: setup.config, encoding: .utf8)
-            .replacingOccurrences(of: "max-body-bytes: 8KiB", with: "max-body-bytes: 8KiB\n  rate-limit: {per-second: 1, burst: 3}")
-        try text.write(to: setup.config, atomically: true, encoding: .utf8)
         let worker = try WorkerProcess(config: setup.config)
         let port = try await worker.announcedPort("receiver")
         let httpPort = try await worker.httpPort()
@@ -402,11 +398,8 @@ struct PushReceiverTests {
     /// Requests that fail authentication have a rate of their own: a flood of them from an
     /// address (a load balancer's) does not make a transmitter behind it hear 429.
     @Test func requestsFailingAuthenticationDoNotUseUpATransmittersRate() async throws {
-        let setup = try Setup()
+        let setup = try Setup(receiver: "rate-limit: {per-second: 1, burst: 3}")
         defer { setup.cleanUp() }
-        let text = try String(contentsOf: setup.config, encoding: .utf8)
-            .replacingOccurrences(of: "max-body-bytes: 8KiB", with: "max-body-bytes: 8KiB\n  rate-limit: {per-second: 1, burst: 3}")
-        try text.write(to: setup.config, atomically: true, encoding: .utf8)
         let worker = try WorkerProcess(config: setup.config)
         let port = try await worker.announcedPort("receiver")
         var statuses: [Int] = []

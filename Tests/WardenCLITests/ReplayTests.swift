@@ -294,6 +294,12 @@ struct AuditExportTests {
         return (directory, config, directory.appendingPathComponent("ledger.sqlite").path)
     }
 
+    /// A verified event as pushed, for writing a ledger directly.
+    static func pushedEvent(_ jti: String, subject: String?) -> LedgerEvent {
+        LedgerEvent(issuer: WorkerTests.issuer, jti: jti, token: "a.b.c", source: "push", eventTypes: ["urn:e"], subject: subject,
+                    keyID: "k", algorithm: "RS256", keyThumbprint: "t", issuedAt: 1, receivedAt: 2)
+    }
+
     /// After retention: the export starts at the chain's start, checkpoints valid against the
     /// schema; a record put before the start is named by verify and not exported.
     @Test func aPrunedChainExportsValidAndWhatLiesBeforeItsStartIsNamed() async throws {
@@ -302,17 +308,13 @@ struct AuditExportTests {
         let ledger = try SQLiteLedger(path: path)
         for i in 0..<3 {
             _ = try await ledger.record([
-                .event(LedgerEvent(issuer: WorkerTests.issuer, jti: "j\(i)", token: "a.b.c", source: "push", eventTypes: ["urn:e"],
-                                   subject: #"{"format":"opaque","id":"x"}"#, keyID: "k", algorithm: "RS256",
-                                   keyThumbprint: "t", issuedAt: 1, receivedAt: 2), outcome: .processed, steps: []),
+                .event(Self.pushedEvent("j\(i)", subject: #"{"format":"opaque","id":"x"}"#), outcome: .processed, steps: []),
                 .rejection(Rejection(token: [0, 1, 2], source: "push", code: "invalid_request", description: "junk", receivedAt: 3)),
             ])
         }
         // Everything was recorded before a cutoff a day ahead: all goes but the checkpoint.
         _ = try await ledger.prune(before: Date().timeIntervalSince1970 + 86_400, limit: 100, afterEventID: 0)
-        _ = try await ledger.record([.event(LedgerEvent(issuer: WorkerTests.issuer, jti: "later", token: "a.b.c", source: "push",
-                                                        eventTypes: ["urn:e"], subject: nil, keyID: "k", algorithm: "RS256",
-                                                        keyThumbprint: "t", issuedAt: 1, receivedAt: 2), outcome: .processed, steps: [])])
+        _ = try await ledger.record([.event(Self.pushedEvent("later", subject: nil), outcome: .processed, steps: [])])
         let start = try await ledger.auditStart(), head = try await ledger.auditHead()
         #expect(start.seq > 0)
         await ledger.close()
@@ -338,9 +340,7 @@ struct AuditExportTests {
         let ledger = try SQLiteLedger(path: path)
         for i in 0..<5 {
             _ = try await ledger.record([
-                .event(LedgerEvent(issuer: WorkerTests.issuer, jti: "j\(i)", token: "a.b.c", source: "push", eventTypes: ["urn:e"],
-                                   subject: #"{"format":"opaque","id":"\u0008x\u000c"}"#, keyID: "k", algorithm: "RS256",
-                                   keyThumbprint: "t", issuedAt: 1, receivedAt: 2), outcome: .processed, steps: []),
+                .event(Self.pushedEvent("j\(i)", subject: #"{"format":"opaque","id":"\u0008x\u000c"}"#), outcome: .processed, steps: []),
                 .rejection(Rejection(token: [0, 1, 2], source: "push", code: "invalid_request", description: "ünïcode \u{1} ok",
                                      receivedAt: 3)),
             ])
