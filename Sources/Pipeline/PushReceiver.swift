@@ -317,9 +317,9 @@ public final class LedgerPushDestination: PushDestination {
         outcomes.reserveCapacity(messages.count)
         for acknowledgement in acknowledgements {
             switch await acknowledgement.answer() {
-            case .recorded?, .duplicate?: outcomes.append(.accepted)
-            case .rejected(let code, _)?: outcomes.append(.refused(code: code))
-            case .abandoned?, nil: outcomes.append(.unavailable)
+            case .recorded, .duplicate: outcomes.append(.accepted)
+            case .rejected(let code, _): outcomes.append(.refused(code: code))
+            case .abandoned: outcomes.append(.unavailable)
             }
         }
         return outcomes
@@ -332,8 +332,7 @@ public final class LedgerPushDestination: PushDestination {
 final class PushAcknowledgement: Acknowledgement {
     private struct State {
         var answer: Disposition? = nil
-        var gaveUp = false
-        var waiter: CheckedContinuation<Disposition?, Never>? = nil
+        var waiter: CheckedContinuation<Disposition, Never>? = nil
     }
 
     private let state = Mutex(State())
@@ -344,26 +343,26 @@ final class PushAcknowledgement: Acknowledgement {
 
     func settle(_ disposition: Disposition) { resolve(disposition) }
 
-    /// The request stops waiting (its deadline passed): `answer()` returns nil unless answered.
-    func giveUp() { resolve(nil) }
+    /// The request stops waiting (its deadline passed): to it, the record is abandoned (try
+    /// again later), whatever the pipeline makes of it afterwards.
+    func giveUp() { resolve(.abandoned) }
 
-    /// The first answer, or nil for giving up, wakes the request; later ones change nothing.
-    private func resolve(_ disposition: Disposition?) {
-        let waiter = state.withLock { s -> CheckedContinuation<Disposition?, Never>? in
-            guard s.answer == nil, !s.gaveUp else { return nil }
-            if let disposition { s.answer = disposition } else { s.gaveUp = true }
+    /// The first answer wakes the request; later ones change nothing.
+    private func resolve(_ disposition: Disposition) {
+        let waiter = state.withLock { s -> CheckedContinuation<Disposition, Never>? in
+            guard s.answer == nil else { return nil }
+            s.answer = disposition
             defer { s.waiter = nil }
             return s.waiter
         }
         waiter?.resume(returning: disposition)
     }
 
-    /// The first of `durable` and `settle`; nil if the request gave up first.
-    func answer() async -> Disposition? {
+    /// The first of `durable`, `settle` and `giveUp`.
+    func answer() async -> Disposition {
         await withCheckedContinuation { continuation in
-            let now = state.withLock { s -> Disposition?? in
-                if let answer = s.answer { return .some(answer) }
-                if s.gaveUp { return .some(nil) }
+            let now = state.withLock { s -> Disposition? in
+                if let answer = s.answer { return answer }
                 s.waiter = continuation
                 return nil
             }
