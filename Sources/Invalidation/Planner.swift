@@ -141,8 +141,7 @@ public struct Planner: Sendable {
     /// the signer, else the token's own `sub` claim. A subject of another issuer gives none: an
     /// account is always scoped to the issuer that signed the token.
     public static func scopedSubject(_ subject: SubjectIdentifier?, in token: SecurityEventToken) -> String? {
-        // Byte for byte: Swift's == holds canonically equivalent spellings equal.
-        if let (iss, sub) = subject?.issuerSubject { return iss.utf8.elementsEqual(token.issuer.utf8) ? sub : nil }
+        if let (iss, sub) = subject?.issuerSubject { return sameName(iss, token.issuer) ? sub : nil }
         return token.subject
     }
 

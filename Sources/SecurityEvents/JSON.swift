@@ -110,15 +110,16 @@ public struct JSONObject: Sendable, Hashable, Sequence {
     }
 }
 
-/// Whether two member names are the same name: compared code point by code point (RFC 8259
-/// §8.3), not by Swift's `==`, which takes canonically equivalent strings as equal — "K"
-/// (U+004B) and the Kelvin sign (U+212A) are two names, and a member must not pass for another.
+/// Whether two names are the same name: compared code point by code point (RFC 8259 §8.3), not
+/// by Swift's `==`, which takes canonically equivalent strings as equal — "K" (U+004B) and the
+/// Kelvin sign (U+212A) are two names, and a member must not pass for another. The same holds
+/// for a token's issuer, audience and key id against what is configured or published.
 ///
 /// Byte-identical strings are canonically equivalent, so `==` (a byte comparison for the ASCII
 /// names tokens hold) rules out nearly every pair at its own speed; only a pair it takes as
 /// equal has its bytes compared.
 @inline(__always)
-func sameName(_ a: String, _ b: String) -> Bool {
+public func sameName(_ a: String, _ b: String) -> Bool {
     a == b && a.utf8.elementsEqual(b.utf8)
 }
 

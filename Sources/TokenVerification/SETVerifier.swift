@@ -207,8 +207,8 @@ public final class SETVerifier: Sendable {
             throw VerificationError(.invalidClaim, "\"iss\" must be a string, not \(issValue.typeName)")
         }
         // Dictionaries match canonically equivalent strings ("\u{212A}" finds "K"): the issuer
-        // found must be the one named, byte for byte.
-        guard let issuer = issuers[iss], issuer.policy.issuer.utf8.elementsEqual(iss.utf8) else {
+        // found must be the one named.
+        guard let issuer = issuers[iss], sameName(issuer.policy.issuer, iss) else {
             throw VerificationError(.unknownIssuer, "the issuer \(quoted(iss)) is not configured (configured: \(issuers.keys.sorted().map { quoted($0) }.joined(separator: ", ")))")
         }
         // The policy is read in place (a copy would retain each of its strings and arrays).
@@ -251,8 +251,8 @@ public final class SETVerifier: Sendable {
                         issuedNotAfter: Double? = nil) throws(VerificationError) -> VerifiedSET {
         let key: VerificationKey
         // Looked up by a dictionary, which matches canonically equivalent key ids: the key found
-        // must have the id the token names, byte for byte.
-        switch entry.flatMap({ $0.keyID.utf8.elementsEqual(parsed.keyID.utf8) ? $0 : nil }) {
+        // must have the id the token names.
+        switch entry.flatMap({ sameName($0.keyID, parsed.keyID) ? $0 : nil }) {
         case nil:
             throw VerificationError(.unknownKeyID, "issuer \(quoted(issuer.policy.issuer)) has no key with kid \(quoted(parsed.keyID)) in its JWKS")
         case .unusable(_, let reason)?:
@@ -306,8 +306,7 @@ public final class SETVerifier: Sendable {
         guard set.claims["aud"] != nil else {
             throw VerificationError(.audienceMismatch, "the token has no \"aud\" claim; it must name one of this receiver's audiences")
         }
-        // Byte for byte: Swift's == holds canonically equivalent strings equal.
-        guard set.audience.contains(where: { audience in policy.audiences.contains { $0.utf8.elementsEqual(audience.utf8) } }) else {
+        guard set.audience.contains(where: { audience in policy.audiences.contains { sameName($0, audience) } }) else {
             throw VerificationError(.audienceMismatch, "the token's audience \(set.audience.prefix(3).map { quoted($0) }.joined(separator: ", ")) does not include any configured audience for issuer \(quoted(policy.issuer))")
         }
     }
