@@ -292,7 +292,7 @@ let package = Package(
         ),
         .testTarget(
             name: "StreamManagementTests",
-            dependencies: ["StreamManagement", "SecurityEvents", "SETMinting", "WardenTestSupport",
+            dependencies: ["StreamManagement", "HTTPExchange", "SecurityEvents", "SETMinting", "WardenTestSupport",
                            .product(name: "AsyncHTTPClient", package: "async-http-client")],
             swiftSettings: testSettings
         ),

@@ -217,7 +217,23 @@ public struct SSFStream: StreamManager {
     let storedStreamID: @Sendable () async throws(StreamError) -> String?
     /// Keeps the id of a stream just created (or forgets it: nil).
     let keepStreamID: @Sendable (String?) async throws(StreamError) -> Void
+    /// Which http (not https) URLs the deployment allows at all (loopback hosts, for tests).
     let allowsHTTP: @Sendable (URL) -> Bool
+
+    /// Whether the transmitter's credentials may be sent to `url`: https; http only to a host
+    /// `allowsHTTP` accepts, named by a transmitter whose issuer is such a host itself. An https
+    /// transmitter's answer naming `http://127.0.0.1:…` must not have the credentials sent in
+    /// clear to whatever local process holds that port.
+    func mayCarryCredentials(_ url: URL) -> Bool {
+        guard url.host != nil else { return false }
+        switch url.scheme?.lowercased() {
+        case "https": return true
+        case "http":
+            guard let issuer = URL(string: settings.issuer), issuer.host != nil else { return false }
+            return allowsHTTP(url) && allowsHTTP(issuer)
+        default: return false
+        }
+    }
 
     public init(settings: StreamSettings, credentials: any StreamCredentials, http: any HTTPExchanging, timeout: Double,
                 storedStreamID: @escaping @Sendable () async throws(StreamError) -> String?,
@@ -245,6 +261,9 @@ public struct SSFStream: StreamManager {
         guard let url = Self.discoveryURL(issuer: settings.issuer) else {
             throw StreamError(.configuration, "cannot derive the SSF discovery URL from the issuer \(settings.issuer)")
         }
+        guard mayCarryCredentials(url) else {
+            throw StreamError(.configuration, "the issuer \(settings.issuer) is not an https URL: the transmitter's credentials go only over https")
+        }
         let answer = try await call.send("read the transmitter's configuration", .GET, url.absoluteString)
         guard answer.status == 200, let object = answer.json?.objectValue else {
             throw refusal("read the transmitter's configuration (\(url.absoluteString))", answer,
@@ -255,7 +274,7 @@ public struct SSFStream: StreamManager {
         }
         func endpoint(_ name: String) throws(StreamError) -> String? {
             guard let text = object[name]?.stringValue else { return nil }
-            guard let url = URL(string: text), url.host != nil, url.scheme == "https" || (url.scheme == "http" && allowsHTTP(url)) else {
+            guard let url = URL(string: text), mayCarryCredentials(url) else {
                 throw StreamError(.invalidAnswer, "the transmitter's \(name) \(text) is not an https URL: not used")
             }
             return text
@@ -381,7 +400,7 @@ public struct SSFStream: StreamManager {
             throw StreamError(.invalidAnswer, "the stream's delivery names no endpoint_url to poll")
         }
         // The credentials go with every poll: only over https (http on loopback, for tests).
-        guard let parsed = URL(string: url), parsed.host != nil, parsed.scheme == "https" || (parsed.scheme == "http" && allowsHTTP(parsed)) else {
+        guard let parsed = URL(string: url), mayCarryCredentials(parsed) else {
             throw StreamError(.invalidAnswer, "the stream's poll endpoint \(url) is not an https URL: not used")
         }
         return url

@@ -62,11 +62,21 @@ public struct StreamConfiguration: Sendable {
                 throw file.error("\(path): \(error)")
             }
         case .ssf:
+            // The transmitter is found at the issuer's /.well-known/ssf-configuration and sent the
+            // credentials: never in clear (http only on a loopback host, for local transmitters).
+            guard let issuerURL = URL(string: issuer), URLRule.isAcceptableForKeys(issuerURL) else {
+                throw r.error("an ssf stream is managed at its issuer, and \(issuer) is not an https URL (http only on a loopback host): the credentials would go in clear")
+            }
             if file.isPresent, oauth.isPresent { throw oauth.error("give either credentials-file (a bearer token) or oauth, not both") }
             if let (contents, path) = try file.fileContents() {
                 let token = String(decoding: contents, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
                 guard !token.isEmpty, !token.contains(where: \.isWhitespace) else {
                     throw file.error("\(path) must hold one bearer token")
+                }
+                // Printable ASCII only (RFC 6750's token characters are a part of it): a control
+                // byte would be refused in the header, in an error quoting the header whole.
+                guard token.utf8.allSatisfy({ (0x21...0x7E).contains($0) }) else {
+                    throw file.error("\(path) must hold one bearer token of printable ASCII characters (it holds another byte)")
                 }
                 credentials = .bearer(token)
             } else if oauth.isPresent {

@@ -232,6 +232,38 @@ struct StreamCommandTests {
         await ssf.stop()
     }
 
+    /// An SSF stream's credentials never go in clear: an issuer that is not https (http only on
+    /// loopback) is refused with a stream section, and a bearer token holding a control byte is
+    /// refused without being echoed (the HTTP client would quote the whole header in its error).
+    @Test func anSSFStreamsCredentialsNeverGoInClearNorIntoErrors() async throws {
+        let ssf = try await Self.transmitter()
+        let stream = """
+            api: ssf
+            credentials-file: bearer
+            events: [session-revoked]
+            """
+        let (directory, config) = try Self.ssfConfig(ssf, bearer: "ssf-bearer-token-1", stream: stream)
+        let accepted = try await Warden.run(["check-config", "--config", config.path])
+        #expect(accepted.status == 0, "\(accepted.stderr)")
+
+        let text = try String(contentsOf: config, encoding: .utf8)
+        try text.replacingOccurrences(of: "- issuer: \(ssf.baseURL)", with: "- issuer: http://transmitter.example/")
+            .write(to: config, atomically: true, encoding: .utf8)
+        let clear = try await Warden.run(["check-config", "--config", config.path])
+        #expect(clear.status == 2)
+        #expect(clear.stderr.contains("http://transmitter.example/") && clear.stderr.contains("not an https URL"), "\(clear.stderr)")
+
+        try text.write(to: config, atomically: true, encoding: .utf8)
+        try "ssf-bearer-token-1\u{0}\n".write(to: directory.appendingPathComponent("bearer"), atomically: true, encoding: .utf8)
+        let control = try await Warden.run(["stream", "status", "--config", config.path])
+        #expect(control.status == 2)
+        #expect(control.stderr.contains("printable ASCII"), "\(control.stderr)")
+        #expect(!control.stderr.contains("ssf-bearer-token-1"), "the token is echoed: \(control.stderr)")
+        #expect(ssf.requests("/.well-known/ssf-configuration") == 0)
+        try? FileManager.default.removeItem(at: directory)
+        await ssf.stop()
+    }
+
     /// `warden run` polls: each SET persisted is acknowledged in the next request, an invalid one
     /// reported in setErrs, a redelivered one acknowledged again; Retry-After is honoured.
     @Test func polledSetsAreAcknowledgedOnlyOncePersistedAndInvalidOnesReported() async throws {
