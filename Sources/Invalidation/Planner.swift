@@ -134,7 +134,9 @@ public struct Planner: Sendable {
             if case .complex(let members) = subject, case .opaque(let id)? = members[.session] { values["sid"] = id }
         }
         if let sid = token.claims["sid"]?.stringValue { values["sid"] = sid }
-        return values
+        // An empty value is no value: `sess:{sub}*` filled with "" would name every user's
+        // sessions. A step that needs one is skipped as missing it.
+        return values.filter { !$0.value.isEmpty }
     }
 
     /// The `sub` the token's signer vouches for: an `iss_sub` subject's `sub` when its `iss` is

@@ -31,7 +31,12 @@ public struct RedisStepExecutor: StepExecutor {
             case .purgePattern(let target, let pattern): return try await purgePattern(try client(target), pattern)
             case .setFlag(let target, let key, let value, let ttl):
                 var command = ["SET", key, value]
-                if let ttl { command += ["EX", String(max(1, Int(ttl.rounded(.up))))] }
+                if let ttl {
+                    // Redis takes at most 2^63 - 1 ms; a figure beyond (a stored plan of an old
+                    // configuration) fails the step rather than trapping the process on every start.
+                    guard ttl.isFinite, ttl >= 0, ttl < 9.2e15 else { return .failed("the flag's ttl \(ttl) s is beyond what Redis takes") }
+                    command += ["EX", String(max(1, Int(ttl.rounded(.up))))]
+                }
                 try check(try await send(try client(target), [command]))
                 return .done("\(key) set" + (ttl.map { " for \(Int($0)) s" } ?? ""))
             case .deleteToken(let storeName):
@@ -259,11 +264,11 @@ public struct RedisStepExecutor: StepExecutor {
         if let index = settings.index, let keys = Self.indexKeys(for: reference) {
             var deleted = 0
             for key in keys {
-                let location = try await send(client, [["HGET", index, key]])[0]
+                let location = try await checked(client, ["HGET", index, key])
                 guard let text = location.text, let slash = text.firstIndex(of: "/") else { continue }
                 let user = String(text[..<slash]), tokenID = String(text[text.index(after: slash)...])
                 let hash = settings.hash.replacingOccurrences(of: "{user}", with: user)
-                guard let held = try await send(client, [["HGET", hash, tokenID]])[0].text else {
+                guard let held = try await checked(client, ["HGET", hash, tokenID]).text else {
                     // A stale index entry: the token is gone already.
                     try check(try await send(client, [["HDEL", index, key]]))
                     continue
@@ -285,7 +290,7 @@ public struct RedisStepExecutor: StepExecutor {
             }
             cursor = next
             for hash in page.compactMap(\.text) {
-                let fields = try await send(client, [["HGETALL", hash]])[0].array ?? []
+                let fields = try await checked(client, ["HGETALL", hash]).array ?? []
                 for i in stride(from: 0, to: fields.count - 1, by: 2) {
                     guard let tokenID = fields[i].text, let held = fields[i + 1].text else { continue }
                     let identifiers = HeldTokenIdentifiers(token: held)
@@ -315,7 +320,7 @@ public struct RedisStepExecutor: StepExecutor {
     func deleteTokens(of user: String, in store: (TokenStoreSettings, RedisClient)) async throws(StepFailure) -> StepOutcome {
         let (settings, client) = store
         let hash = settings.hash.replacingOccurrences(of: "{user}", with: user)
-        let fields = try await send(client, [["HGETALL", hash]])[0].array ?? []
+        let fields = try await checked(client, ["HGETALL", hash]).array ?? []
         let held = stride(from: 1, to: fields.count, by: 2).compactMap { fields[$0].text }
         var commands = [["UNLINK", hash]]
         if let index = settings.index, !held.isEmpty {
@@ -328,8 +333,7 @@ public struct RedisStepExecutor: StepExecutor {
     /// The tokens a store holds for the user: (token id, token).
     func heldTokens(of user: String, store name: String) async throws(StepFailure) -> [(id: String, token: String)] {
         let (settings, client) = try store(name)
-        let fields = try await send(client, [["HGETALL", settings.hash.replacingOccurrences(of: "{user}", with: user)]])[0]
-        try check([fields])
+        let fields = try await checked(client, ["HGETALL", settings.hash.replacingOccurrences(of: "{user}", with: user)])
         let items = fields.array ?? []
         var held: [(id: String, token: String)] = []
         for i in stride(from: 0, to: items.count - 1, by: 2) {
@@ -377,6 +381,14 @@ public struct RedisStepExecutor: StepExecutor {
         } catch {
             throw error.isRetryable ? .unreachable(error.message) : .refused(error.message)
         }
+    }
+
+    /// One command's reply, an error reply failing the step (`check`): a lookup the server
+    /// refused is not "nothing there", or a revoked token would be recorded done and kept.
+    func checked(_ client: RedisClient, _ command: [String]) async throws(StepFailure) -> RedisReply {
+        let reply = try await send(client, [command])[0]
+        try check([reply])
+        return reply
     }
 
     /// An error reply fails the step: the server refused it and will again (`WRONGTYPE`,

@@ -58,11 +58,8 @@ public final class SQLTarget: Sendable {
                     try db.execute(sql: sql, arguments: StatementArguments(parameters))
                     return "\(db.changesCount) row(s) changed"
                 }
-            } catch let error as DatabaseError {
-                let busy = error.resultCode == .SQLITE_BUSY || error.resultCode == .SQLITE_LOCKED
-                throw Failure(message: "SQLite: \(error.message ?? "\(error.resultCode)")", retryable: busy)
             } catch {
-                throw Failure(message: "SQLite: \(error)", retryable: true)
+                throw Self.sqliteFailure(error)
             }
         case .postgres(let client):
             let logger = self.logger
@@ -86,14 +83,17 @@ public final class SQLTarget: Sendable {
             do {
                 return try await queue.read { db in try String.fetchOne(db, sql: sql, arguments: StatementArguments(parameters)) }
             } catch {
-                throw Failure(message: "SQLite: \(error)", retryable: false)
+                // A busy database is tried again: a lookup given up would record the event
+                // unresolved, its steps never planned.
+                throw Self.sqliteFailure(error)
             }
         case .postgres(let client):
             let logger = self.logger
             do {
                 return try await Self.withinTimeout { () async throws -> String? in
-                    for try await value in try await client.query(Self.query(sql, parameters), logger: logger).decode(String.self) {
-                        return value
+                    for try await row in try await client.query(Self.query(sql, parameters), logger: logger) {
+                        guard let cell = row.first else { return nil }
+                        return try Self.text(of: cell)
                     }
                     return nil
                 }
@@ -101,6 +101,27 @@ public final class SQLTarget: Sendable {
                 throw Self.failure(error)
             }
         }
+    }
+
+    /// A PostgreSQL value as the text PostgreSQL itself writes for it. Answers come in binary:
+    /// read as bytes, a `bigint` 7 would be "\0\0\0\0\0\0\0\u{7}", a user id that names no one.
+    /// NULL is no value; a type other than text, an integer or a uuid is refused, not guessed.
+    static func text(of cell: PostgresCell) throws -> String? {
+        guard cell.bytes != nil else { return nil }
+        switch cell.dataType {
+        case .text, .varchar, .bpchar, .name: return try cell.decode(String.self)
+        case .int2, .int4, .int8: return String(try cell.decode(Int64.self))
+        case .uuid: return try cell.decode(UUID.self).uuidString.lowercased()
+        default:
+            throw Failure(message: "the lookup's first column \(cell.columnName) is of type \(cell.dataType), not text, an integer or a uuid "
+                                   + "(cast it: \(cell.columnName)::text)", retryable: false)
+        }
+    }
+
+    static func sqliteFailure(_ error: any Error) -> Failure {
+        guard let error = error as? DatabaseError else { return Failure(message: "SQLite: \(error)", retryable: true) }
+        let busy = error.resultCode == .SQLITE_BUSY || error.resultCode == .SQLITE_LOCKED
+        return Failure(message: "SQLite: \(error.message ?? "\(error.resultCode)")", retryable: busy)
     }
 
     /// Runs a PostgreSQL database's connection pool until the task is cancelled or the service
@@ -135,10 +156,18 @@ public final class SQLTarget: Sendable {
 
     /// The server's words without the statement's values; a connection problem is retryable.
     static func failure(_ error: any Error) -> Failure {
+        if let failure = error as? Failure { return failure }
         if error is TimedOut { return Failure(message: "PostgreSQL did not answer within \(Int(timeout)) s", retryable: true) }
+        // An answer that cannot be read will not read better next time.
+        if error is PostgresDecodingError { return Failure(message: "PostgreSQL: the answer cannot be read: \(error)", retryable: false) }
         guard let error = error as? PSQLError else { return Failure(message: "PostgreSQL: \(error)", retryable: true) }
         if let message = error.serverInfo?[.message] {
-            return Failure(message: "PostgreSQL refused the statement: \(message)", retryable: false)
+            // Classes that say "not now": connection (08), transaction rollback (40: deadlock,
+            // serialization), insufficient resources (53), operator intervention (57: shutdown),
+            // lock not available (55P03). The others refuse the statement itself.
+            let state = error.serverInfo?[.sqlState] ?? ""
+            let transient = ["08", "40", "53", "57"].contains(where: { state.hasPrefix($0) }) || state == "55P03"
+            return Failure(message: "PostgreSQL \(transient ? "could not run" : "refused") the statement: \(message)", retryable: transient)
         }
         return Failure(message: "PostgreSQL unreachable: \(error.code)", retryable: true)
     }

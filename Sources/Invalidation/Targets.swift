@@ -14,7 +14,10 @@ extension RedisConnectionSettings {
             return .failure(TargetSettingsError("expected redis://[user[:password]@]host[:port][/database] or rediss://… for TLS"))
         }
         if let query = components.query, !query.isEmpty {
-            return .failure(TargetSettingsError("Redis URL parameters are not read (\(query.prefix(40))): give ca-file, cert-file and key-file beside the URL"))
+            // Named, not quoted: a parameter may hold a password.
+            let names = (components.queryItems ?? []).map(\.name).filter { !$0.isEmpty }.prefix(5)
+            return .failure(TargetSettingsError("Redis URL parameters are not read (\(names.map { "\"\($0.prefix(32))\"" }.joined(separator: ", "))): "
+                                                + "give ca-file, cert-file and key-file beside the URL"))
         }
         var settings = RedisConnectionSettings(host: host, port: components.port ?? 6379, tls: secure ? RedisTLSSettings() : nil)
         let path = components.path.trimmingCharacters(in: CharacterSet(charactersIn: "/"))

@@ -199,7 +199,7 @@ struct ConfigReader {
     func duration() throws(ConfigError) -> Double? {
         guard let text = try string()?.trimmingCharacters(in: .whitespaces) else { return nil }
         guard let seconds = Self.parseDuration(text) else {
-            throw error("\"\(text)\" is not a duration (examples: 250ms, 5s, 10m, 2h, 7d)")
+            throw error("\"\(text)\" is not a duration of at most 100 years (examples: 250ms, 5s, 10m, 2h, 7d)")
         }
         return seconds
     }
@@ -207,11 +207,15 @@ struct ConfigReader {
     static func parseDuration(_ text: String) -> Double? {
         let units: [(String, Double)] = [("ms", 0.001), ("s", 1), ("m", 60), ("h", 3600), ("d", 86_400)]
         for (suffix, scale) in units where text.hasSuffix(suffix) {
-            if let n = Double(text.dropLast(suffix.count)), n >= 0, n.isFinite { return n * scale }
+            if let n = Double(text.dropLast(suffix.count)), n >= 0, n * scale <= longestDuration { return n * scale }
         }
-        if let n = Double(text), n >= 0, n.isFinite { return n }
+        if let n = Double(text), n >= 0, n <= longestDuration { return n }
         return nil
     }
+
+    /// The longest duration any key takes: 100 years. Past it a figure is a mistake, and one
+    /// past 2^63 nanoseconds or seconds would trap wherever it becomes a whole number.
+    static let longestDuration: Double = 100 * 365.25 * 86_400
 
     /// A size in bytes: `65536`, `64KiB`, `1MiB`.
     func byteSize() throws(ConfigError) -> Int? {

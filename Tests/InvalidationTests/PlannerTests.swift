@@ -168,6 +168,27 @@ struct ConfiguredPolicyTests {
         #expect(plan.steps.map(\.action) == [.purgePattern(target: "sessions", pattern: #"session:\*:*"#)])
     }
 
+    /// An empty value is no value: `sess:{sub}*` with an empty `sub` would be `sess:*`, every
+    /// user's sessions. An empty `sub` or `sid` claim (subject members are refused empty by the
+    /// parser) and a lookup that answered an empty user id all skip the step that needs them.
+    @Test func anEmptyValueNeverWidensAStepToEveryone() {
+        let policy = Policy(rules: [EventURIPrefix.risc + "sessions-revoked": [
+            PolicyRule(.purgePattern(target: "sessions", pattern: "sess:{sub}*")),
+            PolicyRule(.purgePattern(target: "sessions", pattern: "sid:{sid}*")),
+            PolicyRule(.purgeSet(target: "sessions", set: "user-sessions:{user}")),
+            PolicyRule(.deleteTokens(store: "tokens")),
+            PolicyRule(.notify(target: "app")),
+        ]])
+        let email = #"{"subject_type":"email","email":"a@b.example"}"#
+        let empty = token("sessions-revoked", subject: email, extra: #","sub":"","sid":"""#)
+        let plan = Planner(policy: policy).plan(empty, subject: .user(""))
+        #expect(plan.steps.map(\.action) == [.notify(target: "app")])
+        #expect(plan.skipped.map(\.reason) == [.missingValue("sub"), .missingValue("sid"), .unresolvedSubject, .unresolvedSubject])
+        // The same rules with values: every step planned.
+        let full = token("sessions-revoked", subject: email, extra: #","sub":"s1","sid":"x""#)
+        #expect(Planner(policy: policy).plan(full, subject: .user("u")).steps.count == 5)
+    }
+
     /// Redis matches a pattern byte by byte: a wildcard that Swift sees as part of a larger
     /// character (followed by a combining mark) is escaped all the same.
     @Test func aWildcardFollowedByACombiningMarkIsEscapedToo() throws {

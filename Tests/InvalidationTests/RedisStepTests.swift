@@ -125,6 +125,26 @@ struct RedisStepTests {
         #expect(try await cli("GET", "blocked:u1") == "hijacked")
         let ttl = Int(try await cli("TTL", "blocked:u1")) ?? -1
         #expect(ttl > 3500 && ttl <= 3600)
+        // A ttl past what Redis takes (a plan stored under an old configuration) fails the step.
+        let huge = await executor.execute(.setFlag(target: "sessions", key: "huge:u1", value: "1", ttl: 1e19), context: context)
+        #expect(huge.result == "failed", "\(huge)")
+        #expect(try await cli("EXISTS", "huge:u1") == "0")
+    }
+
+    /// A lookup the server refuses is not "no token there": the step fails (WRONGTYPE) instead of
+    /// being recorded done while the revoked token stays held.
+    @Test func aRefusedLookupFailsTheStepInsteadOfFindingNothing() async throws {
+        _ = try await client.send(["SET", "oauth-token-index", "not a hash"])
+        let indexed = await executor.execute(.deleteToken(store: "indexed"), context: revoked(.prefix, "1//0gAAAAAAAAAAAA"))
+        guard case .failed(let reason) = indexed else { Issue.record("expected failed, got \(indexed)"); return }
+        #expect(reason.contains("WRONGTYPE"))
+        _ = try await client.send(["DEL", "oauth-token-index"])
+        try await hold("1//0gAAAAAAAAAAAA-held", user: "u1", id: "t-a", indexed: false)
+        _ = try await client.send(["SET", "oauth-tokens:u2", "not a hash"])
+        let scanned = await executor.execute(.deleteToken(store: "plain"), context: revoked(.plain, "1//0gAAAAAAAAAAAA-held"))
+        #expect(scanned.result == "failed", "\(scanned)")
+        let user = await executor.execute(.deleteTokens(store: "plain"), context: StepContext(token: token("sessions-revoked"), user: "u2"))
+        #expect(user.result == "failed", "\(user)")
     }
 
     /// Stores tokens the way DESIGN.md says the app does: a hash per user, and an index from

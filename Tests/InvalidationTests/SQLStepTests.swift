@@ -43,6 +43,27 @@ struct SQLStepTests {
         let broken = await executor.execute(.sql(target: "appdb", statement: "UPDATE no_such_table SET x = 1", parameters: []), context: context)
         guard case .failed(let reason) = broken else { Issue.record("expected failed, got \(broken)"); return }
         #expect(reason.contains("no_such_table"))
+
+        // Answers come in binary: an integer or uuid id is read as PostgreSQL writes it, NULL is
+        // no user, and another type is refused rather than read as bytes.
+        _ = try await server.psql(database, """
+            CREATE TABLE accounts (id BIGINT, small INTEGER, ref UUID, score REAL, google_sub TEXT);
+            INSERT INTO accounts VALUES (7, 12, 'A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11', 1.5, '1234'), (NULL, NULL, NULL, NULL, '5678')
+            """)
+        func lookup(_ column: String, _ sub: String = "{sub}") -> SQLResolver {
+            SQLResolver(target: target, query: "SELECT \(column) FROM accounts WHERE google_sub = $1", parameters: [sub])
+        }
+        #expect(await lookup("id").resolve(context.token) == .resolved(.user("7")))
+        #expect(await lookup("small").resolve(context.token) == .resolved(.user("12")))
+        #expect(await lookup("ref").resolve(context.token) == .resolved(.user("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11")))
+        #expect(await lookup("id", "5678").resolve(context.token) == .resolved(.unresolved))
+        #expect(await lookup("score").resolve(context.token) == .resolved(.unresolved))
+        do {
+            _ = try await target.firstValue("SELECT score FROM accounts WHERE google_sub = '1234'", [])
+            Issue.record("a REAL read as text")
+        } catch {
+            #expect(!error.retryable && error.message.contains("score::text"), "\(error.message)")
+        }
     }
 
     @Test func postgresDownIsRetry() async throws {

@@ -134,6 +134,12 @@ struct InvalidationConfigTests {
         #expect(error("targets: {s: {redis: \"rediss://h:6380\", cert-file: c.pem}}", files: ["c.pem": "x"])
             .contains("targets.s.key-file: is required with cert-file"))
         #expect(error("targets: {s: {redis: \"rediss://h:6380?ssl_cert_reqs=none\"}}").contains("targets.s.redis: Redis URL parameters are not read"))
+        // A parameter is named, its value (perhaps a password) never quoted.
+        let parameter = error("targets: {s: {redis: \"redis://h?password=s3cret-value\"}}")
+        #expect(parameter.contains("\"password\"") && !parameter.contains("s3cret"), "\(parameter)")
+        // A duration past 100 years (here past any number: 1e305 days) is refused, not trapped on.
+        #expect(error(sessions + "policy: {account-disabled: [{set-flag: {target: sessions, key: \"f:{user}\", ttl: 1e305d}}]}")
+            .contains("is not a duration of at most 100 years"))
         #expect(error("targets: {s: {redis: \"rediss://h\", ca-fil: x}}").contains("targets.s.ca-fil: unknown key (did you mean \"ca-file\"?)"))
         #expect(error("targets: {s: {redis: \"redis://h/zero\"}}").contains("targets.s.redis: the database number"))
         #expect(error("targets: {s: {memcached: x}}").contains("targets.s.memcached: unknown key"))
