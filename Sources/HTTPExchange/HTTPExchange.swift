@@ -28,9 +28,16 @@ public struct HTTPExchangeError: Error, Sendable, CustomStringConvertible {
 
     public var kind: Kind
     public var description: String
+    /// The answer's status when its head came (an oversized body's).
+    public var status: HTTPResponseStatus? = nil
 
-    /// A slow or unreachable server may answer later; an oversized body will be oversized again.
-    public var isRetryable: Bool { kind != .tooLarge }
+    /// A slow or unreachable server may answer later; an oversized body will be oversized
+    /// again — unless the server said it is busy or failing (429, 5xx: an error page).
+    public var isRetryable: Bool {
+        guard kind == .tooLarge else { return true }
+        guard let code = status?.code else { return false }
+        return code == 429 || (500..<600).contains(code)
+    }
 }
 
 extension HTTPClient {
@@ -39,7 +46,8 @@ extension HTTPClient {
     public func exchange(_ request: HTTPClientRequest, timeout: Double, maximumBodyBytes: Int) async throws(HTTPExchangeError)
         -> HTTPExchange
     {
-        let seconds = max(timeout, 0.001)
+        // Bounded (a timeout of years is a mistake) so that nanoseconds fit in an Int64.
+        let seconds = min(max(timeout, 0.001), 1e9)
         let outcome: Result<HTTPExchange, HTTPExchangeError> = await withTaskGroup(of: Result<HTTPExchange, HTTPExchangeError>?.self) {
             group in
             group.addTask {
@@ -53,7 +61,8 @@ extension HTTPClient {
                     let body = try await response.body.collect(upTo: maximumBodyBytes)
                     return .success(HTTPExchange(status: response.status, headers: response.headers, body: body))
                 } catch let error as NIOTooManyBytesError {
-                    return .failure(HTTPExchangeError(kind: .tooLarge, description: "the body is over \(maximumBodyBytes) bytes (\(error))"))
+                    return .failure(HTTPExchangeError(kind: .tooLarge, description: "the body is over \(maximumBodyBytes) bytes (\(error))",
+                                                      status: response.status))
                 } catch {
                     return .failure(HTTPExchangeError(kind: .transport, description: "the body could not be read: \(error)"))
                 }

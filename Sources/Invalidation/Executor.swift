@@ -136,16 +136,25 @@ public struct TargetExecutor: StepExecutor {
     }
 
     /// Revokes each token the store holds for the user, deleting each one once revoked, so a
-    /// retry after a failure part-way revokes only what is left.
+    /// retry after a failure part-way revokes only what is left. A token the endpoint refuses
+    /// (another client's, a stale value) is kept and fails the step, after the others were
+    /// revoked: one refusal must not leave the rest valid.
     func revokeTokens(of user: String, store name: String, hint: String?, at endpoint: RevocationEndpoint) async -> StepOutcome {
         do throws(RedisStepExecutor.StepFailure) {
             let held = try await redis.heldTokens(of: user, store: name)
+            var refused: [String] = []
             for (id, token) in held {
-                let outcome = await revocation.revoke(token, hint: hint, at: endpoint)
-                guard case .done = outcome else { return outcome }
-                try await redis.forgetHeldToken(id: id, token: token, of: user, store: name)
+                switch await revocation.revoke(token, hint: hint, at: endpoint) {
+                case .done: try await redis.forgetHeldToken(id: id, token: token, of: user, store: name)
+                case .retry(let reason, let after): return .retry(reason, after: after)
+                case .failed(let reason): refused.append(reason)
+                }
             }
-            return .done("\(held.count) held token(s) revoked at \(endpoint.url.host ?? "the endpoint") and deleted")
+            let host = endpoint.url.host ?? "the endpoint"
+            if let first = refused.first {
+                return .failed("\(refused.count) of \(held.count) held token(s) refused at \(host) and kept, the others revoked and deleted: \(first)")
+            }
+            return .done("\(held.count) held token(s) revoked at \(host) and deleted")
         } catch {
             return error.outcome
         }

@@ -39,6 +39,8 @@ public struct RevocationClient: Sendable {
         do throws(HTTPExchangeError) {
             response = try await http.exchange(request, timeout: endpoint.timeout, maximumBodyBytes: 64 * 1024)
         } catch {
+            // Revoked: what the endpoint says beyond its 2xx does not matter.
+            if let code = error.status?.code, (200..<300).contains(code) { return .done("revoked at \(where_)") }
             guard error.isRetryable else { return .failed("revocation endpoint \(where_): \(error)") }
             return .retry("revocation endpoint \(where_) unreachable: \(error)", after: nil)
         }
@@ -87,7 +89,7 @@ public struct WebhookNotifier: Sendable {
         request.method = .POST
         request.headers.add(name: "Content-Type", value: "application/json")
         request.headers.add(name: "Warden-Signature", value: "t=\(timestamp),v1=" + mac.map { String(format: "%02x", $0) }.joined())
-        request.headers.add(name: "Warden-Event-ID", value: "\(context.token.issuer) \(context.token.jti)")
+        request.headers.add(name: "Warden-Event-ID", value: Self.eventID(context.token))
         request.body = .bytes(ByteBuffer(string: body))
         let where_ = endpoint.url.host ?? endpoint.url.absoluteString
         do throws(HTTPExchangeError) {
@@ -101,9 +103,26 @@ public struct WebhookNotifier: Sendable {
             default: return .failed("webhook \(where_) refused the event: \(status)")
             }
         } catch {
+            if let code = error.status?.code, (200..<300).contains(code) { return .done("webhook \(where_) answered \(code)") }
             guard error.isRetryable else { return .failed("webhook \(where_): \(error)") }
             return .retry("webhook \(where_) unreachable: \(error)", after: nil)
         }
+    }
+
+    /// `<iss> <jti>`, each with its bytes outside printable ASCII (and `%`) written `%XX`: a jti
+    /// holding a line break is the signer's to choose, and the HTTP client refuses such a header
+    /// before sending — a step that could never be sent, retried while the app waits.
+    static func eventID(_ token: SecurityEventToken) -> String {
+        func escaped(_ text: String) -> String {
+            var out = ""
+            for byte in text.utf8 {
+                if byte > 0x20, byte < 0x7F, byte != UInt8(ascii: "%") { out.unicodeScalars.append(Unicode.Scalar(byte)) } else {
+                    out += String(format: "%%%02X", byte)
+                }
+            }
+            return out
+        }
+        return escaped(token.issuer) + " " + escaped(token.jti)
     }
 
     /// The normalized event: what happened, to whom, from whom. Never the raw token.

@@ -41,7 +41,8 @@ extension WardenCommand {
         public init() {}
 
         public func validate() throws {
-            guard timeout > 0 else { throw ValidationError("--timeout must be greater than zero") }
+            // Bounded: a figure of years is a mistake, and one past 2^63 ms would trap.
+            guard timeout > 0, timeout <= 86_400 else { throw ValidationError("--timeout must be more than 0 and at most 86400 seconds") }
         }
 
         public func run() async throws {

@@ -63,6 +63,17 @@ struct HTTPStepTests {
         }
         #expect(try await redisServer.cli(["EXISTS", "oauth-tokens:u1"]) == "0")
         #expect(try await redisServer.cli(["HLEN", "idx"]) == "0")
+
+        // The endpoint refuses the first token held (400): the second is revoked all the same,
+        // the refused one kept, and the step fails (a revocation is never silently dropped).
+        for (i, token) in held.enumerated() { _ = try await redis.send(["HSET", "oauth-tokens:u2", "t\(i)", token]) }
+        server.enqueue("/revoke", [.init(body: #"{"error":"invalid_request"}"#, status: 400, headers: ["Content-Type": "application/json"])])
+        let partly = await executor.execute(.revokeTokens(store: "tokens", target: "google-revoke", tokenTypeHint: nil),
+                                            context: StepContext(token: token(EventURIPrefix.oauth + "tokens-revoked"), user: "u2"))
+        guard case .failed(let reason) = partly else { Issue.record("expected failed, got \(partly)"); return }
+        #expect(reason.hasPrefix("1 of 2 held token(s) refused"), "\(reason)")
+        #expect(server.recordedRequests("/revoke").count == 4)
+        #expect(try await redisServer.cli(["HKEYS", "oauth-tokens:u2"]) == "t0")
     }
 
     @Test func clientSecretPostAndPublicClientPutCredentialsInTheBody() async throws {
@@ -84,6 +95,12 @@ struct HTTPStepTests {
         // call is given a deadline shorter than its stall.
         let at = endpoint(server, .none(clientID: nil), timeout: 30)
         let hanging = endpoint(server, .none(clientID: nil), timeout: 1)
+        // A busy endpoint's large error page is "later", not "never"; a 2xx whose body is large
+        // has revoked all the same.
+        let page = String(repeating: "x", count: 70_000)
+        server.enqueue("/revoke", [.init(body: page, status: 503), .init(body: page, status: 200)])
+        #expect(await client.revoke("t", hint: nil, at: at).result == "retry")
+        #expect(await client.revoke("t", hint: nil, at: at).result == "done")
         server.enqueue("/revoke", [
             .init(body: "", status: 503, headers: ["Retry-After": "7"]),
             .init(body: "", status: 429),
@@ -119,6 +136,13 @@ struct HTTPStepTests {
         let expected = HMAC<SHA256>.authenticationCode(for: Array(("1700000000." + request.body).utf8), using: SymmetricKey(data: secret))
         #expect(request.headers["warden-signature"] == "t=1700000000,v1=" + expected.map { String(format: "%02x", $0) }.joined())
         #expect(request.headers["warden-event-id"] == "https://accounts.google.com/ j-1")
+
+        // A jti holding a line break (the signer's to choose) is escaped, not a header the client
+        // refuses before sending — a step that could never succeed.
+        let claims = #"{"iss":"https://accounts.google.com/","aud":"app","iat":1700000000,"jti":"j\n1 %","events":{"\#(EventURIPrefix.risc)sessions-revoked":{"subject":{"subject_type":"iss-sub","iss":"https://accounts.google.com/","sub":"1"}}}}"#
+        let odd = StepContext(token: try SecurityEventToken.parse(claims: try #require(try JSONParser.parse(claims).objectValue)), user: "u1")
+        #expect(await notifier.notify(odd, eventType: odd.eventType, at: hook).result == "done")
+        #expect(server.recordedRequests("/hook").last?.headers["warden-event-id"] == "https://accounts.google.com/ j%0A1%20%25")
 
         server.enqueue("/hook", [.init(body: "", status: 502), .init(body: "", status: 410)])
         #expect(await notifier.notify(context, eventType: context.eventType, at: hook).result == "retry")

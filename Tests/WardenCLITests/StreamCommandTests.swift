@@ -260,6 +260,11 @@ struct StreamCommandTests {
         #expect(control.stderr.contains("printable ASCII"), "\(control.stderr)")
         #expect(!control.stderr.contains("ssf-bearer-token-1"), "the token is echoed: \(control.stderr)")
         #expect(ssf.requests("/.well-known/ssf-configuration") == 0)
+        // A timeout of centuries is a usage error, not a trap converting it to nanoseconds.
+        try "ssf-bearer-token-1\n".write(to: directory.appendingPathComponent("bearer"), atomically: true, encoding: .utf8)
+        #expect(try await Warden.run(["stream", "status", "--config", config.path, "--timeout", "5"]).status == 1, "no stream id yet")
+        let forever = try await Warden.run(["stream", "status", "--config", config.path, "--timeout", "1e17"])
+        #expect(forever.status == 2, "\(forever.stderr)")
         try? FileManager.default.removeItem(at: directory)
         await ssf.stop()
     }
