@@ -315,11 +315,18 @@ public struct SSFStream: StreamManager {
     }
 
     /// A stream configuration from the transmitter, checked: an object whose `iss` is the issuer.
-    private func checkedStream(_ name: String, _ answer: TransmitterCall.Answer, ok: Set<Int>) throws(StreamError) -> JSONValue {
+    /// `requiresIssuer`: a stream configuration (SSF 1.0 §8.1.1) names its `iss`; a status answer need not.
+    private func checkedStream(_ name: String, _ answer: TransmitterCall.Answer, ok: Set<Int>,
+                               requiresIssuer: Bool = false) throws(StreamError) -> JSONValue {
         guard ok.contains(answer.status) else { throw refusal(name, answer, meaning: Self.meaning(answer.status)) }
         guard let object = answer.json?.objectValue else { throw StreamError(.invalidAnswer, "\(name): the answer is not a JSON object") }
-        if let iss = object["iss"]?.stringValue, iss != settings.issuer {
-            throw StreamError(.invalidAnswer, "\(name): the stream's iss is \(iss), not \(settings.issuer): refused and not used")
+        guard let value = object["iss"] else {
+            if requiresIssuer { throw StreamError(.invalidAnswer, "\(name): the answer has no iss: refused and not used") }
+            return .object(object)
+        }
+        // Present, it is the issuer's, byte for byte: a number or a list is no issuer.
+        guard let iss = value.stringValue, sameName(iss, settings.issuer) else {
+            throw StreamError(.invalidAnswer, "\(name): the stream's iss is \(value.jsonText.prefix(200)), not \(settings.issuer): refused and not used")
         }
         return .object(object)
     }
@@ -336,12 +343,9 @@ public struct SSFStream: StreamManager {
         var body: JSONObject = ["events_requested": .array(settings.events.map { .string($0) }), "delivery": deliveryObject()]
         if let description = settings.description { body["description"] = .string(description) }
         let answer = try await call.send("create the stream", .POST, configuration, json: .object(body))
-        let stream = try checkedStream("create the stream", answer, ok: [200, 201])
+        let stream = try checkedStream("create the stream", answer, ok: [200, 201], requiresIssuer: true)
         guard let id = stream.objectValue?["stream_id"]?.stringValue, !id.isEmpty else {
             throw StreamError(.invalidAnswer, "create the stream: the answer has no stream_id")
-        }
-        if stream.objectValue?["iss"] == nil {
-            throw StreamError(.invalidAnswer, "create the stream: the answer has no iss: refused and not used")
         }
         if settings.streamID == nil { try await keepStreamID(id) }
         return stream
@@ -358,7 +362,7 @@ public struct SSFStream: StreamManager {
     public func get() async throws(StreamError) -> JSONValue {
         let configuration = try endpoint(try await metadata().configurationEndpoint, "configuration_endpoint")
         let url = withID(configuration, try await streamID())
-        return try checkedStream("read the stream", try await call.send("read the stream", .GET, url), ok: [200])
+        return try checkedStream("read the stream", try await call.send("read the stream", .GET, url), ok: [200], requiresIssuer: true)
     }
 
     public func delete() async throws(StreamError) {

@@ -26,11 +26,39 @@ struct StreamClientTests {
         }
     }
 
-    static func stream(issuer: String, _ transmitter: Transmitter, delivery: StreamDelivery? = nil) -> SSFStream {
-        SSFStream(settings: StreamSettings(issuer: issuer, api: .ssf, delivery: delivery, events: [], streamID: "strm-1", description: nil),
+    static func stream(issuer: String, _ transmitter: Transmitter, streamID: String? = "strm-1",
+                       keep: @escaping @Sendable (String?) -> Void = { _ in }) -> SSFStream {
+        SSFStream(settings: StreamSettings(issuer: issuer, api: .ssf, delivery: nil, events: [], streamID: streamID, description: nil),
                   credentials: StaticBearer(token: "bearer-secret"), http: transmitter, timeout: 5,
-                  storedStreamID: { () async throws(StreamError) -> String? in nil }, keepStreamID: { (_: String?) async throws(StreamError) in },
+                  storedStreamID: { () async throws(StreamError) -> String? in nil },
+                  keepStreamID: { (id: String?) async throws(StreamError) in keep(id) },
                   allowsHTTP: { url in ["127.0.0.1", "localhost", "::1"].contains(url.host ?? "") })
+    }
+
+    /// A stream configuration whose `iss` is not the issuer's string (a number, a list, absent)
+    /// is refused, and a created stream's id is not kept.
+    @Test func aStreamWhoseIssIsNoStringIsRefusedAndNotKept() async throws {
+        for iss in [#","iss":1"#, #","iss":["https://tr.example/"]"#, ""] {
+            let transmitter = Transmitter([
+                "https://tr.example/.well-known/ssf-configuration": #"{"issuer":"https://tr.example/","configuration_endpoint":"https://tr.example/streams"}"#,
+                "https://tr.example/streams": #"{"stream_id":"strm-9"\#(iss)}"#,
+                "https://tr.example/streams?stream_id=strm-9": #"{"stream_id":"strm-9"\#(iss)}"#,
+            ])
+            let kept = Mutex<[String?]>([])
+            do {
+                _ = try await Self.stream(issuer: "https://tr.example/", transmitter, streamID: nil, keep: { id in kept.withLock { $0.append(id) } }).create()
+                Issue.record("created with \(iss)")
+            } catch {
+                #expect(error.kind == .invalidAnswer, "\(error)")
+            }
+            #expect(kept.withLock { $0 }.isEmpty)
+            do {
+                _ = try await Self.stream(issuer: "https://tr.example/", transmitter, streamID: "strm-9").get()
+                Issue.record("read with \(iss)")
+            } catch {
+                #expect(error.kind == .invalidAnswer, "\(error)")
+            }
+        }
     }
 
     @Test func anHTTPSTransmitterNamingAnHTTPEndpointOnLoopbackIsRefusedBeforeAnyCall() async throws {
