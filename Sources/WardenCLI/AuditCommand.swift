@@ -61,7 +61,7 @@ extension WardenCommand {
                 }
             } catch {
                 await opened.close()
-                FileHandle.standardError.write(Data("warden: cannot read the audit log: \(error)\n".utf8))
+                standardError("warden: cannot read the audit log: \(error)\n")
                 throw ExitCode(3)
             }
             await opened.close()
@@ -135,7 +135,7 @@ enum CommandLedger {
                 throw ConfigError(path: "ledger", "no ledger at \(path)")
             }
         } catch {
-            FileHandle.standardError.write(Data("warden: \(error)\n".utf8))
+            standardError("warden: \(error)\n")
             throw ExitCode(VerifyExit.usage.rawValue)
         }
         var logger = Logger(label: "warden")
@@ -143,7 +143,7 @@ enum CommandLedger {
         do {
             return try await OpenedLedger(configuration.ledger!, logger: logger)
         } catch {
-            FileHandle.standardError.write(Data("warden: cannot open the ledger: \(error)\n".utf8))
+            standardError("warden: cannot open the ledger: \(error)\n")
             throw ExitCode(3)
         }
     }

@@ -101,12 +101,12 @@ extension WardenCommand {
                 announce("dev-keys: \(created ? "made" : "kept") \(directory.appendingPathComponent(DevelopmentKeys.fileName).path) (kid \(keys.key.keyID))")
                 announce("dev-keys: issuer \(keys.issuer), audience \(keys.audience), jwks-file \(directory.appendingPathComponent("jwks.json").path)")
             } catch {
-                FileHandle.standardError.write(Data("warden: \(error)\n".utf8))
+                standardError("warden: \(error)\n")
                 throw ExitCode(VerifyExit.usage.rawValue)
             }
             guard !noServe else { return }
             guard let (host, port) = HTTPSettings.parseListen(listen), URLRule.isLoopback(host) || host == "localhost" else {
-                FileHandle.standardError.write(Data("warden: --listen \(listen) is not a loopback host:port\n".utf8))
+                standardError("warden: --listen \(listen) is not a loopback host:port\n")
                 throw ExitCode(VerifyExit.usage.rawValue)
             }
             let router = Router()
@@ -194,7 +194,7 @@ extension WardenCommand {
                 claims = try Self.claims(type: type, subject: subject, reason: reason, state: state, keys: loaded)
                 target = try resolveTarget()
             } catch {
-                FileHandle.standardError.write(Data("warden: \(error)\n".utf8))
+                standardError("warden: \(error)\n")
                 throw ExitCode(VerifyExit.usage.rawValue)
             }
             let token = try SETMinter.token(claims: claims, key: developmentKeys.key)
@@ -277,10 +277,10 @@ extension WardenCommand {
             case .success((202, _)):
                 print("{\"delivered\":true,\"status\":202,\"jti\":\(JSONValue.string(jti).jsonText)}")
             case .success((let status, let body)):
-                FileHandle.standardError.write(Data("warden: the receiver answered \(status)\(body.isEmpty ? "" : ": " + body.prefix(500))\n".utf8))
+                standardError("warden: the receiver answered \(status)\(body.isEmpty ? "" : ": " + body.prefix(500))\n")
                 throw ExitCode(1)
             case .failure(let error):
-                FileHandle.standardError.write(Data("warden: cannot reach \(url): \(error)\n".utf8))
+                standardError("warden: cannot reach \(url): \(error)\n")
                 throw ExitCode(1)
             }
         }
@@ -297,7 +297,7 @@ extension WardenCommand {
                 ])
                 print("{\"delivered\":true,\"topic\":\(JSONValue.string(topic).jsonText),\"partition\":\(report.partition),\"offset\":\(report.offset),\"jti\":\(JSONValue.string(jti).jsonText)}")
             } catch {
-                FileHandle.standardError.write(Data("warden: not produced to \(topic): \(error)\n".utf8))
+                standardError("warden: not produced to \(topic): \(error)\n")
                 throw ExitCode(1)
             }
         }

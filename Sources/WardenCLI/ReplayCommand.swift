@@ -68,7 +68,7 @@ extension WardenCommand {
                     throw ConfigError(path: "kafka", "is the embedded cluster, which lives only inside warden run: replay needs brokers")
                 }
             } catch {
-                FileHandle.standardError.write(Data("warden: \(error)\n".utf8))
+                standardError("warden: \(error)\n")
                 throw ExitCode(VerifyExit.usage.rawValue)
             }
             var source: any ReplaySource
@@ -80,13 +80,13 @@ extension WardenCommand {
                                                    from: from.flatMap(RFC3339.parse), to: to.flatMap(RFC3339.parse))
                 }
             } catch {
-                FileHandle.standardError.write(Data("warden: \(error)\n".utf8))
+                standardError("warden: \(error)\n")
                 throw ExitCode(VerifyExit.usage.rawValue)
             }
             var reportFile: FileHandle? = nil
             if let report {
                 guard FileManager.default.createFile(atPath: report, contents: nil), let handle = FileHandle(forWritingAtPath: report) else {
-                    FileHandle.standardError.write(Data("warden: cannot write the report to \(report)\n".utf8))
+                    standardError("warden: cannot write the report to \(report)\n")
                     throw ExitCode(VerifyExit.usage.rawValue)
                 }
                 reportFile = handle
@@ -122,7 +122,7 @@ extension WardenCommand {
             do {
                 archived = try await ledger.archivedKeys()
             } catch {
-                FileHandle.standardError.write(Data("warden: cannot read the key archive: \(error)\n".utf8))
+                standardError("warden: cannot read the key archive: \(error)\n")
                 return 3
             }
             let verifier = configuration.makeVerifier(client: client, logger: logger, archived: archived)
@@ -136,7 +136,7 @@ extension WardenCommand {
                                                 resolver: made.resolver, executor: made.executor)
                     targets = made
                 } catch {
-                    FileHandle.standardError.write(Data("warden: \(error)\n".utf8))
+                    standardError("warden: \(error)\n")
                     return VerifyExit.usage.rawValue
                 }
             }
@@ -190,7 +190,7 @@ extension WardenCommand {
                 progress.finish()
                 // What was found before the stop is kept.
                 if let reportFile, !reportBuffer.isEmpty { reportFile.write(Data(reportBuffer.utf8)) }
-                FileHandle.standardError.write(Data("warden: keys unavailable at \(error.position), replay stopped: \(error.reason)\n".utf8))
+                standardError("warden: keys unavailable at \(error.position), replay stopped: \(error.reason)\n")
                 return VerifyExit.keysUnavailable.rawValue
             } catch {
                 // The ledger, the log or the cluster failed: what was found so far is kept.
@@ -198,7 +198,7 @@ extension WardenCommand {
                 progress.finish()
                 if let reportFile, !reportBuffer.isEmpty { reportFile.write(Data(reportBuffer.utf8)) }
                 let what = error is LedgerError ? "the ledger cannot be read" : "the log cannot be read"
-                FileHandle.standardError.write(Data("warden: \(what), replay stopped after \(replayer.statistics.entries) entries: \(error)\n".utf8))
+                standardError("warden: \(what), replay stopped after \(replayer.statistics.entries) entries: \(error)\n")
                 return 3
             }
             await door?.finish()
@@ -215,7 +215,7 @@ extension WardenCommand {
                     try ReplayHTML.render(statistics, title: file ?? "topic \(topic!)", applied: apply)
                         .write(toFile: html, atomically: true, encoding: .utf8)
                 } catch {
-                    FileHandle.standardError.write(Data("warden: cannot write the HTML report to \(html): \(error)\n".utf8))
+                    standardError("warden: cannot write the HTML report to \(html): \(error)\n")
                     return VerifyExit.usage.rawValue
                 }
             }
@@ -256,12 +256,12 @@ struct ReplayProgress {
         } else {
             let percent = fraction.map { " (\(Int(($0 * 100).rounded(.down)))%)" } ?? ""
             let etaText = eta.map { ", ETA \(Self.clock($0))" } ?? ""
-            FileHandle.standardError.write(Data("warden replay: \(entries) SETs\(percent), \(rateText)\(etaText)\n".utf8))
+            standardError("warden replay: \(entries) SETs\(percent), \(rateText)\(etaText)\n")
         }
     }
 
     func finish() {
-        if terminal, shown { FileHandle.standardError.write(Data("\n".utf8)) }
+        if terminal, shown { standardError("\n") }
     }
 
     static func clock(_ seconds: Double) -> String {

@@ -40,7 +40,7 @@ extension WardenCommand {
                 }
                 guard configuration.ledger != nil else { throw ConfigError(path: "ledger", "is required by warden run (e.g. sqlite:///var/lib/warden/ledger.sqlite)") }
             } catch {
-                FileHandle.standardError.write(Data("warden: \(error)\n".utf8))
+                standardError("warden: \(error)\n")
                 throw ExitCode(VerifyExit.usage.rawValue)
             }
             JSONLogHandler.bootstrap(level: configuration.logLevel)

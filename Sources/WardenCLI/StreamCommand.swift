@@ -55,7 +55,7 @@ extension WardenCommand {
                     throw ConfigError(path: "ledger", "is required by warden stream \(action.rawValue) (\(action == .verify ? "the verification event is found there" : "the stream id is kept there"))")
                 }
             } catch {
-                FileHandle.standardError.write(Data("warden: \(error)\n".utf8))
+                standardError("warden: \(error)\n")
                 throw ExitCode(VerifyExit.usage.rawValue)
             }
             var logger = Logger(label: "warden")
@@ -66,7 +66,7 @@ extension WardenCommand {
                 if let location = configuration.ledger { opened = try await OpenedLedger(location, logger: logger) }
             } catch {
                 try? await client.shutdown()
-                FileHandle.standardError.write(Data("warden: cannot open the ledger: \(error)\n".utf8))
+                standardError("warden: cannot open the ledger: \(error)\n")
                 throw ExitCode(1)
             }
             let status = await perform(stream, client: client, ledger: opened?.ledger)
@@ -94,7 +94,7 @@ extension WardenCommand {
                 }
                 return 0
             } catch {
-                FileHandle.standardError.write(Data("warden: \(error)\n".utf8))
+                standardError("warden: \(error)\n")
                 return error.kind == .configuration && action == .delete ? VerifyExit.usage.rawValue : 1
             }
         }

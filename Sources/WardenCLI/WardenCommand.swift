@@ -36,7 +36,7 @@ public struct WardenCommand: AsyncParsableCommand {
                 print(fullMessage(for: error))
                 Foundation.exit(0)
             }
-            FileHandle.standardError.write(Data((fullMessage(for: error) + "\n").utf8))
+            standardError(fullMessage(for: error) + "\n")
             if exitCode == .validationFailure || error is ConfigError { Foundation.exit(2) }
             Foundation.exit(exitCode.rawValue == 1 ? 2 : exitCode.rawValue)
         }
@@ -71,7 +71,7 @@ extension WardenCommand {
             do {
                 configuration = try WardenConfiguration.load(path: config)
             } catch {
-                FileHandle.standardError.write(Data("warden: \(error)\n".utf8))
+                standardError("warden: \(error)\n")
                 throw ExitCode(VerifyExit.usage.rawValue)
             }
             let raw: [UInt8]
@@ -113,4 +113,20 @@ extension WardenCommand {
             return bytes[start...end]
         }
     }
+}
+
+/// Writes text for a person to standard error, each control character but newline and tab
+/// written `\u{…}`: an error may quote what a transmitter, a log line or a token chose, and
+/// must not drive the terminal (escape sequences that retitle it, write the clipboard, hide text).
+func standardError(_ text: String) {
+    var out = ""
+    out.reserveCapacity(text.utf8.count)
+    for scalar in text.unicodeScalars {
+        switch scalar.value {
+        case 0x0A, 0x09: out.unicodeScalars.append(scalar)
+        case 0..<0x20, 0x7F, 0x80..<0xA0: out += "\\u{\(String(scalar.value, radix: 16))}"
+        default: out.unicodeScalars.append(scalar)
+        }
+    }
+    FileHandle.standardError.write(Data(out.utf8))
 }

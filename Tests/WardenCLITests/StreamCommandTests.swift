@@ -269,6 +269,27 @@ struct StreamCommandTests {
         await ssf.stop()
     }
 
+    /// A transmitter's words reach stderr without their control characters: an escape sequence
+    /// in an error_description must not retitle the terminal or write its clipboard.
+    @Test func aTransmittersEscapeSequencesDoNotReachTheTerminal() async throws {
+        let ssf = try await Self.transmitter()
+        ssf.serve("/status", .init(body: #"{"error":"access_denied","error_description":"\u001b]52;c;cHduZWQ=\u0007 no"}"#, status: 403,
+                                   headers: ["Content-Type": "application/json"]))
+        let (directory, config) = try Self.ssfConfig(ssf, bearer: "ssf-bearer-token-1", stream: """
+            api: ssf
+            credentials-file: bearer
+            stream-id: strm-1
+            events: [session-revoked]
+            """)
+        let refused = try await Warden.run(["stream", "status", "--config", config.path])
+        #expect(refused.status == 1)
+        #expect(ssf.requests("/status") == 1)
+        #expect(!refused.stderr.unicodeScalars.contains { $0.value == 0x1B || $0.value == 0x07 }, "\(refused.stderr.debugDescription)")
+        #expect(refused.stderr.contains("\\u{1b}]52"), "\(refused.stderr.debugDescription)")
+        try? FileManager.default.removeItem(at: directory)
+        await ssf.stop()
+    }
+
     /// `warden run` polls: each SET persisted is acknowledged in the next request, an invalid one
     /// reported in setErrs, a redelivered one acknowledged again; Retry-After is honoured.
     @Test func polledSetsAreAcknowledgedOnlyOncePersistedAndInvalidOnesReported() async throws {
