@@ -108,6 +108,8 @@ public struct KeySnapshot: Sendable {
 /// hopping onto the actor; only refreshes go through the actor.
 public actor IssuerKeyCache {
     public nonisolated let issuer: String
+    /// Unusable JWKS entries logged by name at each load; the rest are counted in one line.
+    static let unusableKeysNamed = 3
     let source: KeySource
     let settings: KeyCacheSettings
     let fetcher: any KeyDocumentFetching
@@ -244,11 +246,21 @@ public actor IssuerKeyCache {
                 let usable = keys.usableKeys, issuer = self.issuer
                 Task { await archive.keep(usable, issuer: issuer, seenAt: now) }
             }
+            // A few named, the rest counted: a JWKS of thousands of unusable entries (its size is
+            // the provider's, or an attacker's on the path, to choose) is not thousands of lines
+            // at every refresh.
+            var unusable = 0
             for entry in keys.entries.values {
-                if case .unusable(let kid, let reason) = entry {
-                    logger.warning("unusable key in JWKS", metadata: ["warden.issuer": "\(issuer)", "warden.kid": "\(kid)",
+                guard case .unusable(let kid, let reason) = entry else { continue }
+                unusable += 1
+                if unusable <= Self.unusableKeysNamed {
+                    logger.warning("unusable key in JWKS", metadata: ["warden.issuer": "\(issuer)", "warden.kid": "\(kid.prefix(64))",
                                                                      "warden.reason": "\(reason)"])
                 }
+            }
+            if unusable > Self.unusableKeysNamed {
+                logger.warning("more unusable keys in JWKS", metadata: ["warden.issuer": "\(issuer)",
+                                                                       "warden.keys": "\(unusable - Self.unusableKeysNamed)"])
             }
             logger.debug("keys loaded", metadata: ["warden.issuer": "\(issuer)", "warden.keys": "\(keys.usableKeys.count)",
                                                    "warden.lifetime_s": "\(Int(lifetime))"])

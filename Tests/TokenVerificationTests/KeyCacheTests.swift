@@ -1,9 +1,11 @@
 import AsyncHTTPClient
 import Foundation
+import Logging
 import SETMinting
 import SecurityEvents
+import Synchronization
 import Testing
-import TokenVerification
+@testable import TokenVerification
 import WardenTestSupport
 
 /// The key cache against a real local HTTP server: discovery, JWKS, rotation, outages, floods.
@@ -220,6 +222,41 @@ struct KeyCacheTests {
         s.clock.advance(by: 3_601)
         #expect(await s.verifier.verify(try token(s)).value != nil)
         #expect(await s.cache.lastFetchFailure?.contains("no usable key") == true)
+        await s.shutdown()
+    }
+
+    /// Counts warnings, whoever logs them.
+    struct WarningCounter: LogHandler {
+        final class Count: Sendable { let value = Mutex(0) }
+        let count: Count
+        var metadata: Logger.Metadata = [:]
+        var logLevel: Logger.Level = .trace
+        subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+            get { metadata[key] }
+            set { metadata[key] = newValue }
+        }
+        func log(event: LogEvent) {
+            if event.level == .warning { count.value.withLock { $0 += 1 } }
+        }
+    }
+
+    /// A JWKS of thousands of unusable entries beside a good key: the key is used, and the
+    /// unusable ones are a few lines of log at each load, not one each.
+    @Test func thousandsOfUnusableEntriesAreAFewLinesOfLog() async throws {
+        let s = try await setUp(useDiscovery: false)
+        var keys = (try JSONParser.parse(SETMinter.jwks([Keys.rsa])).objectValue?["keys"]?.arrayValue) ?? []
+        for i in 0..<2_000 { keys.append(.object(["kty": "oct", "kid": .string("junk-\(i)"), "k": "AAAA"])) }
+        s.server.serve(jwksPath, json: JSONValue.object(["keys": .array(keys)]).jsonText)
+        let count = WarningCounter.Count()
+        let logger = Logger(label: "key-cache-test") { _ in WarningCounter(count: count) }
+        let source = KeySource.jwks(URL(string: s.server.url(jwksPath))!)
+        let cache = IssuerKeyCache(issuer: s.issuer, source: source, settings: KeyCacheSettings(), fetcher: HTTPKeyFetcher(client: s.client),
+                                   clock: s.clock.wall, logger: logger)
+        let policy = IssuerPolicy(issuer: s.issuer, keySource: source, audiences: [Fixture.audience])
+        let verifier = SETVerifier(issuers: [.init(policy: policy, keys: cache)], clock: s.clock.wall)
+        #expect(await verifier.verify(try token(s)).value != nil)
+        let warnings = count.value.withLock { $0 }
+        #expect(warnings >= 1 && warnings <= IssuerKeyCache.unusableKeysNamed + 1, "\(warnings) warnings")
         await s.shutdown()
     }
 
