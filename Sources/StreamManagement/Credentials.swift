@@ -173,8 +173,34 @@ public actor OAuthClientCredentials: StreamCredentials {
         self.now = now
     }
 
+    /// The fetch under way: callers meanwhile wait for it rather than each asking for a token.
+    private var fetching: Task<Result<CachedToken, StreamError>, Never>?
+
     public func authorization() async throws(StreamError) -> String {
         if let cached, now() < cached.renewAt { return "Bearer " + cached.value }
+        let task: Task<Result<CachedToken, StreamError>, Never>
+        if let fetching {
+            task = fetching
+        } else {
+            task = Task { await self.fetched() }
+            fetching = task
+        }
+        let result = await task.value
+        if fetching == task { fetching = nil }
+        return "Bearer " + (try result.get()).value
+    }
+
+    private func fetched() async -> Result<CachedToken, StreamError> {
+        do throws(StreamError) {
+            let token = try await fetch()
+            cached = token
+            return .success(token)
+        } catch {
+            return .failure(error)
+        }
+    }
+
+    private func fetch() async throws(StreamError) -> CachedToken {
         let requestedAt = now()
         var request = HTTPClientRequest(url: settings.tokenEndpoint.absoluteString)
         request.method = .POST
@@ -202,10 +228,11 @@ public actor OAuthClientCredentials: StreamCredentials {
         else {
             throw StreamError(.invalidAnswer, "the token endpoint's answer has no access_token")
         }
-        // Without expires_in the token is used for this call only.
-        let lifetime = object["expires_in"]?.numberValue ?? 0
-        cached = CachedToken(value: token, renewAt: requestedAt + lifetime - renewalMargin(lifetime: lifetime))
-        return "Bearer " + token
+        // Without expires_in the token is used for the calls waiting for it only. Some servers
+        // send it as a string ("3600").
+        let expiresIn = object["expires_in"]
+        let lifetime = max(0, expiresIn?.numberValue ?? expiresIn?.stringValue.flatMap { Double($0) } ?? 0)
+        return CachedToken(value: token, renewAt: requestedAt + lifetime - renewalMargin(lifetime: lifetime))
     }
 
     public func invalidate(_ presented: String) async -> Bool {

@@ -58,19 +58,22 @@ struct TransmitterCall: Sendable {
 
     /// `name` says which call this is, in errors ("stream:update", "read the stream status").
     func send(_ name: String, _ method: HTTPMethod, _ url: String, json: JSONValue? = nil) async throws(StreamError) -> Answer {
-        var answer = try await once(name, method, url, json: json)
+        var (answer, presented) = try await once(name, method, url, json: json)
         if answer.status == 401 {
             // A token the transmitter no longer takes (revoked, expired early): one new token, once.
-            let presented = try await credentials.authorization()
-            if await credentials.invalidate(presented) { answer = try await once(name, method, url, json: json) }
+            if await credentials.invalidate(presented) { answer = try await once(name, method, url, json: json).answer }
         }
         return answer
     }
 
-    private func once(_ name: String, _ method: HTTPMethod, _ url: String, json: JSONValue?) async throws(StreamError) -> Answer {
+    /// The answer, and the authorization it was asked with.
+    private func once(_ name: String, _ method: HTTPMethod, _ url: String, json: JSONValue?) async throws(StreamError)
+        -> (answer: Answer, presented: String)
+    {
         var request = HTTPClientRequest(url: url)
         request.method = method
-        request.headers.add(name: "Authorization", value: try await credentials.authorization())
+        let presented = try await credentials.authorization()
+        request.headers.add(name: "Authorization", value: presented)
         request.headers.add(name: "Accept", value: "application/json")
         if let json {
             request.headers.add(name: "Content-Type", value: "application/json")
@@ -78,7 +81,7 @@ struct TransmitterCall: Sendable {
         }
         do {
             let exchange = try await http.exchange(request, timeout: timeout, maximumBodyBytes: maximumAnswerBytes)
-            return Answer(status: Int(exchange.status.code), body: Array(exchange.body.readableBytesView), headers: exchange.headers)
+            return (Answer(status: Int(exchange.status.code), body: Array(exchange.body.readableBytesView), headers: exchange.headers), presented)
         } catch {
             throw StreamError(.unavailable, "\(name): \(url) could not be reached: \(error)")
         }

@@ -75,6 +75,26 @@ struct CredentialsTests {
         #expect(renewalMargin(lifetime: 0) == 0)
     }
 
+    /// Callers asking at once share one token request; an `expires_in` sent as a string ("3600",
+    /// as some servers do) is a lifetime all the same, so the token is reused.
+    @Test func concurrentCallersShareOneTokenRequestAndAStringLifetimeCounts() async throws {
+        let server = try await KeyServer.start()
+        defer { Task { await server.stop() } }
+        let http = HTTPClient(eventLoopGroupProvider: .singleton)
+        defer { Task { try? await http.shutdown() } }
+        server.serve("/token", .init(body: #"{"access_token":"at-1","token_type":"Bearer","expires_in":"3600"}"#,
+                                     headers: ["Content-Type": "application/json"], delay: 0.3))
+        let credentials = OAuthClientCredentials(
+            settings: .init(tokenEndpoint: URL(string: server.url("/token"))!, clientID: "w", clientSecret: "s", scope: nil), http: http)
+        let answers = try await withThrowingTaskGroup(of: String.self) { group in
+            for _ in 0..<10 { group.addTask { try await credentials.authorization() } }
+            return try await group.reduce(into: []) { $0.append($1) }
+        }
+        #expect(answers == Array(repeating: "Bearer at-1", count: 10))
+        #expect(try await credentials.authorization() == "Bearer at-1")
+        #expect(server.requests("/token") == 1)
+    }
+
     @Test func clientCredentialsAreFetchedOnceReusedAndFetchedAnewWhenRefused() async throws {
         let server = try await KeyServer.start()
         defer { Task { await server.stop() } }
