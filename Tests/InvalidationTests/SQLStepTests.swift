@@ -92,4 +92,38 @@ struct SQLStepTests {
                                             parameters: ["local-7"]), context: context) == .done("1 row(s) changed"))
         #expect(try await target.firstValue("SELECT google_signin FROM users", []) == "0")
     }
+
+    /// A lookup on a SQLite file another process holds locked is "not now" (retried), never "no
+    /// such user": that would record the event unresolved and never plan its steps.
+    @Test func aLookupOnABusySQLiteFileIsRetriedNotUnresolved() async throws {
+        let path = Scratch.path("busy", extension: "sqlite")
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        let target = try SQLTarget(location: "sqlite:" + path, logger: Self.quiet)
+        let context = StepContext(token: token("account-disabled"), user: "u")
+        for statement in ["CREATE TABLE users (id TEXT PRIMARY KEY, google_sub TEXT)", "INSERT INTO users VALUES ('local-7', '1234')"] {
+            #expect(await SQLStepExecutor(targets: ["app": target]).execute(.sql(target: "app", statement: statement, parameters: []),
+                                                                           context: context).result == "done")
+        }
+        // Another process (Debian's sqlite3) holds an exclusive lock until its input ends.
+        let holder = Process()
+        holder.executableURL = URL(fileURLWithPath: "/usr/bin/sqlite3")
+        holder.arguments = [path]
+        let input = Pipe(), output = Pipe()
+        holder.standardInput = input
+        holder.standardOutput = output
+        try holder.run()
+        input.fileHandleForWriting.write(Data("BEGIN EXCLUSIVE;\nSELECT 'locked';\n".utf8))
+        var seen = Data()
+        while !String(decoding: seen, as: UTF8.self).contains("locked") {
+            let chunk = output.fileHandleForReading.availableData
+            if chunk.isEmpty { break }
+            seen += chunk
+        }
+        let resolver = SQLResolver(target: target, query: "SELECT id FROM users WHERE google_sub = ?", parameters: ["{sub}"])
+        let busy = await resolver.resolve(context.token)
+        try input.fileHandleForWriting.close()
+        holder.waitUntilExit()
+        guard case .retry = busy else { Issue.record("a busy database must be retried, got \(busy)"); return }
+        #expect(await resolver.resolve(context.token) == .resolved(.user("local-7")))
+    }
 }
