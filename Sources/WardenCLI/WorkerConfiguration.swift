@@ -146,7 +146,7 @@ public struct ReceiverSettings: Sendable, Equatable {
                                 rateLimit: try parseRateLimit(r.child("rate-limit")), idleTimeout: idleTimeout)
     }
 
-    /// `off`, or `{per-second: N, burst: M}` (burst default: twice the rate).
+    /// `off`, or `{per-second: N, burst: M}` (N may be a fraction; burst default: twice the rate, at least 1).
     static func parseRateLimit(_ r: ConfigReader) throws(ConfigError) -> ClientRateLimiter.Settings? {
         guard r.isPresent else { return PushReceiver.Settings.defaultRateLimit }
         if let text = try? r.string() {
@@ -154,10 +154,16 @@ public struct ReceiverSettings: Sendable, Equatable {
             return nil
         }
         try r.requireOnly(["per-second", "burst"])
-        guard let perSecond = try positiveInt(r.child("per-second")) else {
-            throw r.child("per-second").error("is required (requests a second per client address)")
+        // A fraction is a rate below one a second (0.1: one request every ten seconds).
+        let rate = r.child("per-second")
+        guard let text = try rate.string()?.trimmingCharacters(in: .whitespaces) else {
+            throw rate.error("is required (requests a second per client address)")
         }
-        return ClientRateLimiter.Settings(perSecond: Double(perSecond), burst: try positiveInt(r.child("burst")) ?? 2 * perSecond)
+        guard let perSecond = Double(text), perSecond >= 0.001, perSecond <= 1e9 else {
+            throw rate.error("\"\(text)\" is not a number of requests a second from 0.001 to 1000000000")
+        }
+        return ClientRateLimiter.Settings(perSecond: perSecond,
+                                          burst: try positiveInt(r.child("burst")) ?? max(1, Int((2 * perSecond).rounded(.up))))
     }
 }
 
