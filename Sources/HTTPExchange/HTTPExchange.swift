@@ -28,14 +28,15 @@ public struct HTTPExchangeError: Error, Sendable, CustomStringConvertible {
 
     public var kind: Kind
     public var description: String
-    /// The answer's status when its head came (an oversized body's).
-    public var status: HTTPResponseStatus? = nil
+    /// An answer whose body was too large: its status and headers, without the body. A caller
+    /// that needs only the status (a revocation, a webhook) goes on with it.
+    public var head: HTTPExchange? = nil
 
     /// A slow or unreachable server may answer later; an oversized body will be oversized
     /// again — unless the server said it is busy or failing (429, 5xx: an error page).
     public var isRetryable: Bool {
         guard kind == .tooLarge else { return true }
-        guard let code = status?.code else { return false }
+        guard let code = head?.status.code else { return false }
         return code == 429 || (500..<600).contains(code)
     }
 }
@@ -62,7 +63,7 @@ extension HTTPClient {
                     return .success(HTTPExchange(status: response.status, headers: response.headers, body: body))
                 } catch let error as NIOTooManyBytesError {
                     return .failure(HTTPExchangeError(kind: .tooLarge, description: "the body is over \(maximumBodyBytes) bytes (\(error))",
-                                                      status: response.status))
+                                                      head: HTTPExchange(status: response.status, headers: response.headers, body: ByteBuffer())))
                 } catch {
                     return .failure(HTTPExchangeError(kind: .transport, description: "the body could not be read: \(error)"))
                 }

@@ -39,10 +39,12 @@ public struct RevocationClient: Sendable {
         do throws(HTTPExchangeError) {
             response = try await http.exchange(request, timeout: endpoint.timeout, maximumBodyBytes: 64 * 1024)
         } catch {
-            // Revoked: what the endpoint says beyond its 2xx does not matter.
-            if let code = error.status?.code, (200..<300).contains(code) { return .done("revoked at \(where_)") }
-            guard error.isRetryable else { return .failed("revocation endpoint \(where_): \(error)") }
-            return .retry("revocation endpoint \(where_) unreachable: \(error)", after: nil)
+            // An answer too large to read is judged by its status all the same.
+            guard let head = error.head else {
+                guard error.isRetryable else { return .failed("revocation endpoint \(where_): \(error)") }
+                return .retry("revocation endpoint \(where_) unreachable: \(error)", after: nil)
+            }
+            response = head
         }
         let body = response.body
         let status = Int(response.status.code)
@@ -92,20 +94,24 @@ public struct WebhookNotifier: Sendable {
         request.headers.add(name: "Warden-Event-ID", value: Self.eventID(context.token))
         request.body = .bytes(ByteBuffer(string: body))
         let where_ = endpoint.url.host ?? endpoint.url.absoluteString
+        let response: HTTPExchange
         do throws(HTTPExchangeError) {
-            let response = try await http.exchange(request, timeout: endpoint.timeout, maximumBodyBytes: 64 * 1024)
-            let status = Int(response.status.code)
-            switch status {
-            case 200..<300: return .done("webhook \(where_) answered \(status)")
-            case 408, 429, 500..<600:
-                return .retry("webhook \(where_) answered \(status)",
-                              after: response.headers.first(name: "Retry-After").flatMap(HTTPRules.retryAfter))
-            default: return .failed("webhook \(where_) refused the event: \(status)")
-            }
+            response = try await http.exchange(request, timeout: endpoint.timeout, maximumBodyBytes: 64 * 1024)
         } catch {
-            if let code = error.status?.code, (200..<300).contains(code) { return .done("webhook \(where_) answered \(code)") }
-            guard error.isRetryable else { return .failed("webhook \(where_): \(error)") }
-            return .retry("webhook \(where_) unreachable: \(error)", after: nil)
+            // An answer too large to read is judged by its status all the same.
+            guard let head = error.head else {
+                guard error.isRetryable else { return .failed("webhook \(where_): \(error)") }
+                return .retry("webhook \(where_) unreachable: \(error)", after: nil)
+            }
+            response = head
+        }
+        let status = Int(response.status.code)
+        switch status {
+        case 200..<300: return .done("webhook \(where_) answered \(status)")
+        case 408, 429, 500..<600:
+            return .retry("webhook \(where_) answered \(status)",
+                          after: response.headers.first(name: "Retry-After").flatMap(HTTPRules.retryAfter))
+        default: return .failed("webhook \(where_) refused the event: \(status)")
         }
     }
 
@@ -113,17 +119,12 @@ public struct WebhookNotifier: Sendable {
     /// holding a line break is the signer's to choose, and the HTTP client refuses such a header
     /// before sending — a step that could never be sent, retried while the app waits.
     static func eventID(_ token: SecurityEventToken) -> String {
-        func escaped(_ text: String) -> String {
-            var out = ""
-            for byte in text.utf8 {
-                if byte > 0x20, byte < 0x7F, byte != UInt8(ascii: "%") { out.unicodeScalars.append(Unicode.Scalar(byte)) } else {
-                    out += String(format: "%%%02X", byte)
-                }
-            }
-            return out
-        }
+        func escaped(_ text: String) -> String { text.addingPercentEncoding(withAllowedCharacters: eventIDCharacters) ?? text }
         return escaped(token.issuer) + " " + escaped(token.jti)
     }
+
+    /// Printable ASCII but `%` (space is the separator, so it is escaped too).
+    static let eventIDCharacters = CharacterSet(charactersIn: Unicode.Scalar(0x21)...Unicode.Scalar(0x7E)).subtracting(CharacterSet(charactersIn: "%"))
 
     /// The normalized event: what happened, to whom, from whom. Never the raw token.
     static func body(_ context: StepContext, eventType: String) -> String {

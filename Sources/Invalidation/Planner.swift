@@ -134,9 +134,7 @@ public struct Planner: Sendable {
             if case .complex(let members) = subject, case .opaque(let id)? = members[.session] { values["sid"] = id }
         }
         if let sid = token.claims["sid"]?.stringValue { values["sid"] = sid }
-        // An empty value is no value: `sess:{sub}*` filled with "" would name every user's
-        // sessions. A step that needs one is skipped as missing it.
-        return values.filter { !$0.value.isEmpty }
+        return values
     }
 
     /// The `sub` the token's signer vouches for: an `iss_sub` subject's `sub` when its `iss` is
@@ -152,7 +150,7 @@ public struct Planner: Sendable {
         // Steps on a user's token store need the user even though they hold no template.
         switch action {
         case .deleteTokens, .revokeTokens:
-            if values["user"] == nil { return .failure(.unresolvedSubject) }
+            if values["user"]?.isEmpty ?? true { return .failure(.unresolvedSubject) }
         default: break
         }
         do throws(SkippedStep.Reason) {
@@ -199,7 +197,9 @@ public struct Planner: Sendable {
                 continue
             }
             let name = String(decoding: bytes[(i + 1)..<end], as: UTF8.self)
-            guard let value = values[name] else {
+            // An empty value is no value: `sess:{sub}*` filled with "" would name every user's
+            // sessions. The step is skipped as missing it.
+            guard let value = values[name], !value.isEmpty else {
                 throw name == "user" ? .unresolvedSubject : .missingValue(name)
             }
             if escapeGlob { appendGlobEscaped(value, to: &out) } else { out += value.utf8 }
