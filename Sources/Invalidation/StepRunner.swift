@@ -243,6 +243,7 @@ public struct StepRunner: Sendable {
     let persistence: Persistence
     let breakers: CircuitBreakers
     let outcomes: OutcomeWriter
+    let leases: LeaseKeeper
     let logger: Logger
 
     var observer: any StepObserver { persistence.observer }
@@ -257,6 +258,7 @@ public struct StepRunner: Sendable {
         self.persistence = persistence
         self.breakers = CircuitBreakers(settings: configuration.breakers)
         self.outcomes = OutcomeWriter(journal: journal, persistence: persistence)
+        self.leases = LeaseKeeper(journal: journal, owner: configuration.owner, seconds: configuration.lease.timeInterval, logger: logger)
         self.logger = logger
     }
 
@@ -386,6 +388,8 @@ public struct StepRunner: Sendable {
             func goOn(_ i: Int, _ event: EventSteps, attempts: Attempts = Attempts(), pause: Double? = nil) {
                 alone.addTask { await finished(i, await run(event, attempts: attempts, pause: pause)) }
             }
+            // The leases are kept renewed while the call and the recording are under way.
+            let holding = leases.keep(Dictionary(calls.map { (events[$0.i].eventID, events[$0.i].leasedUntil) }, uniquingKeysWith: min))
             let calledAt = breakers.currentTime
             let answers = await executor.execute(calls.map(\.call))
             let answeredAt = ContinuousClock.now
@@ -411,8 +415,10 @@ public struct StepRunner: Sendable {
                 }
             }
             let written = await outcomes.write(together: toRecord.map(\.record), answeredAt: answeredAt)
+            let renewed = leases.release(holding)
             for ((call, record), recorded) in zip(toRecord, written) {
                 var event = events[call.i]
+                if let until = renewed[event.eventID] { event.leasedUntil = max(event.leasedUntil, until) }
                 event.permit.endAction()
                 guard recorded else {
                     await finished(call.i, nil)
@@ -591,6 +597,8 @@ public struct StepRunner: Sendable {
                 guard await stop.pause(breakers.retryDelay(target)) else { return .stopped }
                 continue
             }
+            // The lease is kept renewed while the call and its recording are under way.
+            let holding = leases.keep([event.eventID: lease.until])
             let next: Attempt = await {
                 defer { event.permit.endAction() }
                 let calledAt = breakers.currentTime
@@ -606,6 +614,7 @@ public struct StepRunner: Sendable {
                     return .retry(after: after)
                 }
             }()
+            if let renewed = leases.release(holding)[event.eventID] { lease.until = max(lease.until, renewed) }
             switch next {
             case .recorded(let failed):
                 return .recorded(failed: failed)
@@ -799,5 +808,94 @@ final class OutcomeWriter: Sendable {
             return woken
         }
         for (waiter, wake) in woken { waiter.resume(returning: wake) }
+    }
+}
+
+/// Keeps the leases of events whose steps are under way from running out during a call. A call
+/// may last longer than what is left of a lease when it starts (a webhook's timeout is as long
+/// as a whole lease by default), and another process must not take the event's steps up and
+/// run the same step meanwhile. One task renews every lease held this way once half of it is
+/// gone; it runs only while calls are under way, and ends a tick after the last one.
+final class LeaseKeeper: Sendable {
+    private struct State {
+        /// Until when each event's lease runs, by holding: one call, or one call for many events.
+        var held: [Int: [Int64: Double]] = [:]
+        var next = 0
+        var renewing = false
+    }
+
+    private let state = Mutex(State())
+    private let journal: any StepJournal
+    private let owner: String
+    private let seconds: Double
+    private let logger: Logger
+
+    init(journal: any StepJournal, owner: String, seconds: Double, logger: Logger) {
+        self.journal = journal
+        self.owner = owner
+        self.seconds = seconds
+        self.logger = logger
+    }
+
+    /// Keeps these events' leases (running until the times given) renewed until `release`.
+    func keep(_ leases: [Int64: Double]) -> Int {
+        let (holding, start) = state.withLock { s -> (Int, Bool) in
+            defer { s.next += 1 }
+            s.held[s.next] = leases
+            let start = !s.renewing
+            s.renewing = true
+            return (s.next, start)
+        }
+        if start { Task { await self.renew() } }
+        return holding
+    }
+
+    /// Stops renewing a holding's leases; until when each now runs.
+    func release(_ holding: Int) -> [Int64: Double] {
+        state.withLock { $0.held.removeValue(forKey: holding) } ?? [:]
+    }
+
+    private func renew() async {
+        while true {
+            try? await Task.sleep(for: .seconds(seconds / 6))
+            let now = Date().timeIntervalSince1970
+            let due = state.withLock { s -> Set<Int64>? in
+                if s.held.isEmpty {
+                    s.renewing = false
+                    return nil
+                }
+                var due = Set<Int64>()
+                for leases in s.held.values {
+                    for (eventID, until) in leases where until - now < seconds / 2 { due.insert(eventID) }
+                }
+                return due
+            }
+            guard let due else { return }
+            for eventID in due {
+                let asked = Date().timeIntervalSince1970
+                let granted: Bool
+                do {
+                    granted = try await journal.lease(event: eventID, owner: owner, seconds: seconds)
+                } catch {
+                    logger.warning("an event's lease could not be renewed while its step is under way; trying again",
+                                   metadata: ["warden.event_id": "\(eventID)", "warden.error": "\(error)"])
+                    continue
+                }
+                guard granted else {
+                    // Too late: it ran out (the ledger was slower than a third of a lease) and
+                    // another owner holds it now. Recording still checks the step is pending.
+                    logger.error("an event's lease ran out while its step was under way; another owner may run that step too",
+                                 metadata: ["warden.event_id": "\(eventID)"])
+                    // No longer held: the next step waits for the lease again.
+                    state.withLock { s in
+                        for (holding, leases) in s.held where leases[eventID] != nil { s.held[holding]![eventID] = nil }
+                    }
+                    continue
+                }
+                state.withLock { s in
+                    for (holding, leases) in s.held where leases[eventID] != nil { s.held[holding]![eventID] = asked + seconds }
+                }
+            }
+        }
     }
 }

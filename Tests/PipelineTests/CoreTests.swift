@@ -482,6 +482,31 @@ struct CoreTests {
         #expect(event.leaseUntil <= Date().timeIntervalSince1970)
     }
 
+    // A call that lasts longer than the event's lease (a slow webhook): the lease is kept
+    // renewed while the call is under way, so another process cannot take the event's steps
+    // up and run the same step again meanwhile.
+    @Test func aLeaseIsKeptWhileALongCallIsUnderWay() async throws {
+        let world = World(steps: StepRunner.Configuration(lease: .seconds(2)))
+        world.executor.hold("slow")
+        let door = HandDoor()
+        let running = Task { await world.pipeline.run(door.stream) }
+        door.feed([Self.token(Self.issuerA, "slow", jti: "long", key: Self.keyA)])
+        #expect(await eventually { world.executor.waiting("slow") == 1 })
+        let id = try #require(world.ledger.event("long")).id
+        // Three leases' time, the call still under way.
+        for _ in 0..<3 {
+            try await Task.sleep(for: .seconds(2))
+            #expect(try await !world.ledger.lease(event: id, owner: "another-process", seconds: 60))
+        }
+        world.executor.release("slow")
+        #expect(await eventually { door.disposition(0) != nil })
+        door.continuation.finish()
+        await running.value
+        if case .recorded = door.disposition(0) {} else { Issue.record("\(String(describing: door.disposition(0)))") }
+        #expect(world.executor.calls(for: "slow") == 2)  // both steps, each once
+        #expect(world.ledger.event("long")?.steps.map(\.status) == [.done, .done])
+    }
+
     // Refusal counting: a step its target keeps refusing (retry) while it serves other events
     // is failed after `maximumAttempts` such refusals and dead-lettered; a target that refuses
     // everyone (down) counts nothing against an event, which waits until the target is back.
