@@ -287,7 +287,8 @@ let package = Package(
             name: "PipelineTests",
             dependencies: ["Pipeline", "Kafka", "Ledger", "TokenVerification", "Invalidation", "SETMinting", "SecurityEvents",
                            "WardenTestSupport",
-                           .product(name: "Logging", package: "swift-log"), .product(name: "Metrics", package: "swift-metrics")],
+                           .product(name: "Logging", package: "swift-log"), .product(name: "Metrics", package: "swift-metrics"),
+                           .product(name: "Prometheus", package: "swift-prometheus")],
             swiftSettings: testSettings
         ),
         .testTarget(

@@ -100,6 +100,8 @@ public struct EventPipeline: Sendable {
             // started, so a subject's events enter its lane in arrival order whichever write
             // committed first.
             @Sendable func settle(_ work: EventProcessor.Work, _ turn: SubjectLanes.Turn, _ disposition: Disposition) {
+                // Durable, its steps left for the next delivery (`pending`).
+                if disposition == .abandoned { processor.metrics.outcome("pending") }
                 work.record.acknowledgement.settle(disposition)
                 turn.mine.open(passed: disposition != .abandoned)
                 lanes.leave(work.subjectKey, turn.mine)

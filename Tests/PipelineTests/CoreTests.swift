@@ -4,6 +4,7 @@ import Invalidation
 import Ledger
 import Logging
 @testable import Pipeline
+import Prometheus
 import SETMinting
 import SecurityEvents
 import Synchronization
@@ -48,7 +49,8 @@ struct CoreTests {
         let processor: EventProcessor
 
         /// A process; `ledger` shared with another one, when given.
-        init(ledger: MemoryLedger = MemoryLedger(), steps: StepRunner.Configuration = .init()) {
+        init(ledger: MemoryLedger = MemoryLedger(), steps: StepRunner.Configuration = .init(),
+             metrics: any MetricsFactory = NOOPMetricsHandler.instance) {
             self.ledger = ledger
             let offset = clockOffset
             let clock = WallClock { Date().timeIntervalSince1970 + offset.seconds.withLock { $0 } }
@@ -64,7 +66,7 @@ struct CoreTests {
                                         fetcher: fetcherB, clock: clock, logger: CoreTests.logger)
             let verifier = SETVerifier(issuers: [.init(policy: policyA, keys: cacheA), .init(policy: policyB, keys: cacheB)], clock: clock)
             self.processor = EventProcessor(
-                verifier: verifier, ledger: ledger, deadLetters: deadLetters, metrics: WardenMetrics(factory: NOOPMetricsHandler.instance),
+                verifier: verifier, ledger: ledger, deadLetters: deadLetters, metrics: WardenMetrics(factory: metrics),
                 logger: CoreTests.logger, stop: stop,
                 engine: InvalidationEngine(planner: Planner(policy: CoreTests.policy), resolver: IdentityResolver(), executor: executor),
                 configuration: .init(retry: .init(initialBackoff: .milliseconds(10), maximumBackoff: .milliseconds(50)), steps: steps))
@@ -440,7 +442,8 @@ struct CoreTests {
     // Stopping while a subject's event waits on a retry abandons it and the subject's later
     // events, which must not act before it; events already durable stay settled.
     @Test func stoppingAbandonsWhatIsNotDurableAndKeepsASubjectsOrder() async {
-        let world = World()
+        let registry = PrometheusCollectorRegistry()
+        let world = World(metrics: PrometheusMetricsFactory(registry: registry))
         world.executor.script.withLock { $0["slow"] = Array(repeating: .retry("down", after: 30), count: 5) }
         let door = HandDoor()
         let running = Task { await world.pipeline.run(door.stream) }
@@ -458,6 +461,12 @@ struct CoreTests {
         if case .recorded = door.disposition(1) {} else { Issue.record("f-1: \(String(describing: door.disposition(1)))") }
         #expect(world.executor.calls(for: "slow") == 1)  // s-2 never acted before s-1
         #expect(world.ledger.event("s-2")?.steps.allSatisfy { $0.status == .pending } == true)
+        // The two events left with steps pending are counted so.
+        var text: [UInt8] = []
+        registry.emit(into: &text)
+        let metrics = String(decoding: text, as: UTF8.self)
+        #expect(metrics.contains(#"warden_events_total{outcome="pending"} 2"#), "\(metrics)")
+        #expect(metrics.contains(#"warden_events_total{outcome="processed"} 1"#), "\(metrics)")
     }
 
     // A message its door takes back (its partition revoked) while a step is under way: the
