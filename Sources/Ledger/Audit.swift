@@ -18,6 +18,9 @@ public protocol AuditingLedger: Ledger {
     func eventStates(_ keys: [EventKey]) async throws(LedgerError) -> [EventKey: EventState]
     /// Which of these SHA-256 digests (hex) of rejected messages were recorded as rejections.
     func rejectedDigests(_ digests: [String]) async throws(LedgerError) -> Set<String>
+    /// The latest cutoff retention has dropped events or rejections before (seconds since 1970):
+    /// what was received before it may be gone. Nil when retention never dropped any.
+    func retentionCutoff() async throws(LedgerError) -> Double?
     /// Events whose first delivery came from `sourcePrefix…`, received in [from, to), with ids
     /// above `afterID`, oldest first, at most `limit`.
     func events(sourcePrefix: String, receivedFrom from: Double, to: Double, afterID: Int64, limit: Int) async throws(LedgerError)

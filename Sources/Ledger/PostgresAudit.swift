@@ -85,6 +85,15 @@ extension PostgresLedger {
         }
     }
 
+    public func retentionCutoff() async throws(LedgerError) -> Double? {
+        try await transaction("read the retention cutoff") { connection in
+            var cutoff: Double? = nil
+            for try await value in try await connection.query("SELECT pruned_before FROM audit_start WHERE id = 1", logger: self.logger)
+                .decode(Double?.self) { cutoff = value }
+            return cutoff
+        }
+    }
+
     public func auditHead() async throws(LedgerError) -> (seq: Int64, hash: String) {
         try await transaction("read the audit head") { connection in
             var head: (Int64, String) = (-1, "the head is missing")
@@ -213,6 +222,12 @@ extension PostgresLedger {
                     (SELECT id FROM deliveries WHERE event_id IS NULL AND received_at < \(cutoff) ORDER BY id LIMIT \(limit))
                 RETURNING id
                 """, logger: self.logger).decode(Int64.self) { rejections += 1 }
+            if !dropped.isEmpty || rejections > 0 {
+                // What replay must not take for never processed: anything received before this.
+                try await connection.query("""
+                    UPDATE audit_start SET pruned_before = GREATEST(COALESCE(pruned_before, \(cutoff)), \(cutoff)) WHERE id = 1
+                    """, logger: self.logger)
+            }
             var records: [StoredAuditRecord] = []
             for try await (seq, record, previous, hash) in try await connection.query("""
                 SELECT seq, record, prev_hash, hash FROM audit_records WHERE seq > \(start) ORDER BY seq LIMIT \(limit)

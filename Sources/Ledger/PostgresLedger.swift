@@ -147,6 +147,9 @@ public final class PostgresLedger: AuditingLedger {
             "CREATE TABLE audit_start (id INTEGER PRIMARY KEY CHECK (id = 1), seq BIGINT NOT NULL, hash TEXT NOT NULL)",
             "INSERT INTO audit_start (id, seq, hash) VALUES (1, 0, '\(AuditChain.genesis)')",
         ]),
+        // Retention: the latest cutoff events or rejections were dropped before, so that replay
+        // does not take an event it dropped for one never processed.
+        ("v7-retention-cutoff", ["ALTER TABLE audit_start ADD COLUMN pruned_before DOUBLE PRECISION"]),
     ]
 
     private func migrate() async throws {

@@ -226,6 +226,10 @@ extension SQLiteLedger {
         }
     }
 
+    public func retentionCutoff() async throws(LedgerError) -> Double? {
+        try reader.read { db in try Double.fetchOne(db, sql: "SELECT pruned_before FROM audit_start WHERE id = 1") }
+    }
+
     public func rejectedDigests(_ digests: [String]) async throws(LedgerError) -> Set<String> {
         try reader.read { db in
             var found = Set<String>()
@@ -316,6 +320,11 @@ extension SQLiteLedger {
                     (SELECT id FROM deliveries WHERE event_id IS NULL AND received_at < ? ORDER BY id LIMIT ?)
                 """, arguments: [cutoff, limit])
             let rejections = db.changesCount
+            if !dropped.isEmpty || rejections > 0 {
+                // What replay must not take for never processed: anything received before this.
+                try db.execute(sql: "UPDATE audit_start SET pruned_before = max(coalesce(pruned_before, ?), ?) WHERE id = 1",
+                               arguments: [cutoff, cutoff])
+            }
             // Audit records recorded before the cutoff, from the start of the kept chain.
             let start = try Row.fetchOne(db, sql: "SELECT seq FROM audit_start WHERE id = 1").map { $0[0] as Int64 } ?? 0
             let records = try Row.fetchAll(db, sql: "SELECT seq, record, prev_hash, hash FROM audit_records WHERE seq > ? ORDER BY seq LIMIT ?",

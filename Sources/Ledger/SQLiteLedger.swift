@@ -237,6 +237,11 @@ public final class SQLiteLedger: AuditingLedger {
                 ALTER TABLE events ADD COLUMN token_sha256 TEXT;
                 """)
         }
+        // Retention: the latest cutoff events or rejections were dropped before, so that replay
+        // does not take an event it dropped for one never processed.
+        migrator.registerMigration("v9-retention-cutoff") { db in
+            try db.execute(sql: "ALTER TABLE audit_start ADD COLUMN pruned_before REAL")
+        }
         return migrator
     }
 

@@ -154,7 +154,15 @@ extension WardenCommand {
                 door = ReplayDoor(processor: processor)
                 door!.start()
             }
-            let replayer = Replayer(verifier: verifier, ledger: ledger, planner: Planner(policy: configuration.invalidation.policy), door: door)
+            let cutoff: Double?
+            do {
+                cutoff = try await Replayer.retentionCutoff(ledger: ledger, retention: configuration.ledgerRetention)
+            } catch {
+                standardError("warden: cannot read what the ledger's retention dropped: \(error)\n")
+                return 3
+            }
+            let replayer = Replayer(verifier: verifier, ledger: ledger, planner: Planner(policy: configuration.invalidation.policy), door: door,
+                                    retentionCutoff: cutoff)
             var progress = ReplayProgress()
             var reportBuffer = ""
             func write(_ findings: [ReplayFinding]) {

@@ -10,6 +10,7 @@ enum ReplayHTML {
     static let colors: [Status: String] = [
         .ok: "#3a9d5d", .invalid: "#9aa0a6", .duplicate: "#c5cae9", .neverProcessed: "#d93025",
         .plannedNotDone: "#f29900", .verdictChanged: "#8e24aa", .notInLog: "#1a73e8",
+        .beyondRetention: "#5f6368",
     ]
 
     static func render(_ statistics: ReplayStatistics, title: String, applied: Bool, generatedAt: Double = Date().timeIntervalSince1970) -> String {

@@ -22,6 +22,9 @@ struct ReplayFinding: Sendable {
         case verdictChanged = "verdict-changed"
         /// In the ledger from the replayed range, absent from the log (topic only).
         case notInLog = "not-in-log"
+        /// Valid and unknown to the ledger, but received before what the ledger's retention has
+        /// dropped: whether it was processed cannot be told, and it is not acted on.
+        case beyondRetention = "beyond-retention"
 
         var isDiscrepancy: Bool { self == .neverProcessed || self == .plannedNotDone || self == .verdictChanged || self == .notInLog }
     }
@@ -89,11 +92,33 @@ final class Replayer {
     /// apart from `seen`: a forgery first in the log must not make the genuine token a duplicate.
     private let claimedSeen = SeenPairs()
 
-    init(verifier: SETVerifier, ledger: any AuditingLedger, planner: Planner, door: ReplayDoor?) {
+    /// What was received before this (seconds since 1970) the ledger's retention may have
+    /// dropped; nil when it keeps everything.
+    let retentionCutoff: Double?
+    /// An entry's time (its Kafka timestamp, a log's `received_at`, or its `iat`) may be a little
+    /// earlier than when the worker received it: entries this close to the cutoff count as
+    /// beyond it.
+    static let retentionMargin: Double = 600
+
+    init(verifier: SETVerifier, ledger: any AuditingLedger, planner: Planner, door: ReplayDoor?, retentionCutoff: Double? = nil) {
         self.verifier = verifier
         self.ledger = ledger
         self.planner = planner
         self.door = door
+        self.retentionCutoff = retentionCutoff
+    }
+
+    /// The cutoff replay must respect: the newest one retention recorded in the ledger, or what
+    /// the configured retention drops by now, whichever is later.
+    static func retentionCutoff(ledger: any AuditingLedger, retention: Double?) async throws -> Double? {
+        let recorded = try await ledger.retentionCutoff()
+        let configured = retention.map { Date().timeIntervalSince1970 - $0 }
+        switch (recorded, configured) {
+        case (nil, nil): return nil
+        case (let a?, nil): return a
+        case (nil, let b?): return b
+        case (let a?, let b?): return max(a, b)
+        }
     }
 
     /// Verifies a batch on every core, on the verification threads the worker uses.
@@ -189,7 +214,15 @@ final class Replayer {
             let digests = unknownValid.map { AuditChain.sha256Hex(entries[$0].token) }
             let rejected = try await ledger.rejectedDigests(digests)
             for (i, digest) in zip(unknownValid, digests) {
-                findings[i].status = rejected.contains(digest) ? .verdictChanged : .neverProcessed
+                if rejected.contains(digest) {
+                    findings[i].status = .verdictChanged
+                } else if let cutoff = retentionCutoff, (findings[i].time ?? 0) < cutoff + Self.retentionMargin {
+                    // Its claim (or refusal) may have been dropped by retention: acting on it
+                    // could act a second time.
+                    findings[i].status = .beyondRetention
+                } else {
+                    findings[i].status = .neverProcessed
+                }
             }
         }
         if let door { try await apply(entries, &findings, door: door) }

@@ -55,7 +55,12 @@ struct RetentionTests {
         #expect(try await ledger.rejectedDigests([AuditChain.sha256Hex(junk)]) == [AuditChain.sha256Hex(junk)])
 
         let head = try await ledger.auditHead()
+        #expect(try await ledger.retentionCutoff() == nil)
         let total = try await pruneAll(ledger, before: 1_800_000_005, limit: 2)
+        // Replay reads what was dropped: anything received before the cutoff may be gone.
+        #expect(try await ledger.retentionCutoff() == 1_800_000_005)
+        _ = try await pruneAll(ledger, before: 1_700_000_000, limit: 2)
+        #expect(try await ledger.retentionCutoff() == 1_800_000_005, "an earlier cutoff does not move it back")
         // plain and acted; nobody (unresolved) still has its step pending — resumed at the next
         // start, so not finished — and stays with waiting.
         #expect(total.events == 2)

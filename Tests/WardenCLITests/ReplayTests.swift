@@ -300,6 +300,47 @@ struct AuditExportTests {
                     keyID: "k", algorithm: "RS256", keyThumbprint: "t", issuedAt: 1, receivedAt: 2)
     }
 
+    /// An event the ledger's retention dropped is reported `beyond-retention`, not
+    /// `never-processed`, and `--apply` does not act on it a second time.
+    @Test func anEventRetentionDroppedIsNotActedOnAgain() async throws {
+        let hooks = try await KeyServer.start()
+        hooks.serve("/hook", .init(body: "", status: 200))
+        let (directory, config, path) = try Self.ledgerFolder()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let text = try String(contentsOf: config, encoding: .utf8) + """
+            targets:
+              app: {webhook: {url: "\(hooks.url("/hook"))", hmac-secret: test-secret}}
+            policy:
+              sessions-revoked:
+                - notify: {target: app}
+
+            """
+        try text.write(to: config, atomically: true, encoding: .utf8)
+        await (try SQLiteLedger(path: path)).close()
+        let log = directory.appendingPathComponent("events.log")
+        try (try WorkerTests.token(jti: "old-1", subject: "u-old") + "\n").write(to: log, atomically: true, encoding: .utf8)
+        let first = try await ReplayTests.replay(config, log, apply: true)
+        #expect(first.status == 0, "\(first.stdout)")
+        #expect(hooks.requests("/hook") == 1)
+        // Retention drops everything received before a cutoff a minute ahead.
+        let ledger = try SQLiteLedger(path: path)
+        var after: Int64 = 0, dropped = 0
+        while true {
+            let result = try await ledger.prune(before: Date().timeIntervalSince1970 + 60, limit: 100, afterEventID: after)
+            dropped += result.events
+            after = result.lastEventID
+            if !result.more { break }
+        }
+        await ledger.close()
+        #expect(dropped == 1)
+        let dry = try await ReplayTests.replay(config, log)
+        #expect(dry.statuses == ["beyond-retention"])
+        #expect(dry.status == 0, "\(dry.stdout)")
+        let again = try await ReplayTests.replay(config, log, apply: true)
+        #expect(again.status == 0, "\(again.stdout)")
+        #expect(hooks.requests("/hook") == 1, "acted on a second time")
+    }
+
     /// After retention: the export starts at the chain's start, checkpoints valid against the
     /// schema; a record put before the start is named by verify and not exported.
     @Test func aPrunedChainExportsValidAndWhatLiesBeforeItsStartIsNamed() async throws {
