@@ -134,11 +134,22 @@ public final class KafkaConsumer: Sendable {
     /// The message's outcome is durable: its offset may be committed once every earlier
     /// message of its partition is finished too.
     public func finished(_ message: KafkaMessage) {
-        let inFlight = state.tracker.withLock {
+        let active = state.tracker.withLock {
             $0.finished(TopicPartition(message.topic, message.partition), offset: message.offset, assignment: message.assignment)
-            return $0.inFlight
+            return $0.active
         }
-        state.madeRoom(inFlight: inFlight)
+        state.madeRoom(inFlight: active)
+    }
+
+    /// The message waits aside for its issuer's keys (or no longer does): while aside it does
+    /// not count against `maximumInFlight`, so other issuers' messages keep being fetched (the
+    /// pipeline bounds what may wait). It still holds back its partition's commit point.
+    public func setAside(_ message: KafkaMessage, _ aside: Bool) {
+        let active = state.tracker.withLock {
+            $0.setAside(TopicPartition(message.topic, message.partition), assignment: message.assignment, aside)
+            return $0.active
+        }
+        state.madeRoom(inFlight: active)
     }
 
     /// Stops handing out messages (the stream ends) while staying in the group, so in-flight
@@ -182,8 +193,11 @@ public final class KafkaConsumer: Sendable {
                 rd_kafka_consumer_close(rk)
                 return fatal
             }
-            let inFlight = state.tracker.withLock { $0.inFlight }
-            switch state.machine.withLock({ $0.next(inFlight: inFlight, now: Date().timeIntervalSince1970) }) {
+            // Messages waiting aside for keys do not count (the pipeline bounds them); the time
+            // is monotonic, so a clock stepped back cannot keep the loop from pausing.
+            let active = state.tracker.withLock { $0.active }
+            let now = Double(DispatchTime.now().uptimeNanoseconds) / 1e9
+            switch state.machine.withLock({ $0.next(inFlight: active, now: now) }) {
             case .finishStream:
                 continuation.finish()
             case .pause:
@@ -195,7 +209,7 @@ public final class KafkaConsumer: Sendable {
                 // meanwhile. In-flight is read again once the flag is up: messages finished just
                 // before then woke no one.
                 state.waitingForRoom.store(true, ordering: .sequentiallyConsistent)
-                if state.tracker.withLock({ $0.inFlight }) > state.roomAt {
+                if state.tracker.withLock({ $0.active }) > state.roomAt {
                     _ = state.room.wait(timeout: .now() + .milliseconds(100))
                 }
                 commitIfDue(&lastCommit)

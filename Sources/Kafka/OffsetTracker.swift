@@ -21,6 +21,8 @@ struct OffsetTracker: Sendable {
 
         /// Handed out and not finished.
         var inFlight = 0
+        /// Of those, waiting aside for their issuer's keys (not counted against the fetch budget).
+        var aside = 0
 
         mutating func handedOut(_ offset: Int64) {
             offsets.append(offset)
@@ -52,6 +54,14 @@ struct OffsetTracker: Sendable {
     private var generation: UInt64 = 0
 
     var inFlight: Int { partitions.values.reduce(0) { $0 + $1.inFlight } }
+    /// In flight and not waiting aside: what the fetch budget (`max-in-flight`) counts.
+    var active: Int { partitions.values.reduce(0) { $0 + $1.inFlight - $1.aside } }
+
+    /// A message handed out under `assignment` is put aside to wait for keys, or taken up again.
+    mutating func setAside(_ tp: TopicPartition, assignment: PartitionAssignment?, _ aside: Bool) {
+        guard let current = partitions[tp]?.assignment, assignment == nil || assignment === current else { return }
+        partitions[tp]!.aside = max(0, partitions[tp]!.aside + (aside ? 1 : -1))
+    }
 
     mutating func assigned(_ list: [TopicPartition]) {
         for tp in list where partitions[tp] == nil {

@@ -261,6 +261,9 @@ final class WaitingRoom: Sendable {
             defer { s.emptyWaiter = nil }
             return (true, s.emptyWaiter)
         }
+        // Before anyone can take it up: records leave the room only through admission, the
+        // caller of `put`.
+        if put { checked.record.acknowledgement.setAside(true) }
         waiter?.resume()
         return put
     }
@@ -280,7 +283,7 @@ final class WaitingRoom: Sendable {
     /// The records at the head of their lanes that now have a verdict (or a verified token),
     /// in order; a lane whose records have all gone stops being held.
     func takeReleased() -> [EventProcessor.Checked] {
-        state.withLock { s in
+        takenUp(state.withLock { s in
             var out: [EventProcessor.Checked] = []
             for lane in s.order {
                 guard var queue = s.lanes[lane] else { continue }
@@ -293,18 +296,24 @@ final class WaitingRoom: Sendable {
             if !out.isEmpty { s.order.removeAll { s.lanes[$0] == nil } }
             s.count -= out.count
             return out
-        }
+        })
     }
 
     func takeAll() -> [EventProcessor.Checked] {
-        state.withLock { s in
+        takenUp(state.withLock { s in
             defer {
                 s.lanes = [:]
                 s.order = []
                 s.count = 0
             }
             return s.order.flatMap { (s.lanes[$0] ?? []).map(\.checked) }
-        }
+        })
+    }
+
+    /// Records leaving the room are their door's again.
+    private func takenUp(_ records: [EventProcessor.Checked]) -> [EventProcessor.Checked] {
+        for checked in records { checked.record.acknowledgement.setAside(false) }
+        return records
     }
 
     /// Waits until a retry round has given some record a verdict, or the room closes.

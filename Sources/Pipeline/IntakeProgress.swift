@@ -23,6 +23,16 @@ public final class IntakeProgress: Sendable {
         waiting.subtract(1, ordering: .relaxed)
     }
 
+    /// A record waiting aside for its issuer's keys is not stalled work: `/readyz` reports keys
+    /// that cannot be had, and restarting the process would not bring them.
+    fileprivate func setAside(_ aside: Bool) {
+        if aside {
+            waiting.subtract(1, ordering: .relaxed)
+        } else if waiting.add(1, ordering: .relaxed).oldValue == 0 {
+            moved.store(DispatchTime.now().uptimeNanoseconds, ordering: .relaxed)
+        }
+    }
+
     /// nil while intake moves (or nothing waits); otherwise why it is stalled.
     public func stall(after seconds: Double) -> String? {
         let count = waiting.load(ordering: .relaxed)
@@ -42,6 +52,10 @@ public final class IntakeProgress: Sendable {
         }
         func durable(_ disposition: Disposition) { inner.durable(disposition) }
         var waitsForKeys: Bool { inner.waitsForKeys }
+        func setAside(_ aside: Bool) {
+            inner.setAside(aside)
+            progress.setAside(aside)
+        }
         func beginAction() -> Bool { inner.beginAction() }
         func endAction() { inner.endAction() }
     }

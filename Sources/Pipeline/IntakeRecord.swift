@@ -62,6 +62,12 @@ public protocol Acknowledgement: ActionPermit {
     /// back its partition's commit point). When not, it is settled `.abandoned` at once, and
     /// its sender is told to try again later.
     var waitsForKeys: Bool { get }
+
+    /// The record is put aside to wait for its issuer's keys (true), or taken up again (false).
+    /// A record aside does not count against what its door lets in at once (Kafka: in-flight
+    /// messages) nor as work stalled: what may wait so is bounded by the pipeline, and one
+    /// issuer's keys must not stop other issuers' records at the door.
+    func setAside(_ aside: Bool)
 }
 
 extension Acknowledgement {
@@ -69,6 +75,7 @@ extension Acknowledgement {
     public func endAction() {}
     public func durable(_ disposition: Disposition) {}
     public var waitsForKeys: Bool { true }
+    public func setAside(_ aside: Bool) {}
 }
 
 /// One message travelling through the pipeline's stages, with its own acknowledgement.

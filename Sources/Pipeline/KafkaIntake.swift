@@ -96,6 +96,7 @@ struct KafkaAcknowledgement: Acknowledgement {
 
     func beginAction() -> Bool { message.assignment?.beginWork() ?? true }
     func endAction() { message.assignment?.endWork() }
+    func setAside(_ aside: Bool) { consumer.setAside(message, aside) }
 }
 
 /// Dead letters to a Kafka topic: the original value, key and headers, with `warden-error`,

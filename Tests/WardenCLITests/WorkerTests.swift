@@ -277,6 +277,40 @@ struct WorkerTests {
         await server.stop()
     }
 
+    /// One issuer's keys cannot be had while another's can: more of the first's messages than
+    /// `max-in-flight` wait aside for keys, and the second's events are still fetched and
+    /// recorded. `/healthz` stays live: waiting for keys is not a stall a restart would mend.
+    @Test func messagesWaitingForOneIssuersKeysDoNotStopAnothers() async throws {
+        let server = try await KeyServer.start()
+        server.serve("/certs", KeyServer.Document(body: "unavailable", status: 503))
+        let broken = "https://broken.example/"
+        let setup = try Setup(partitions: 1, keySource: """
+            jwks-file: jwks.json
+                audiences: [\(Self.audience)]
+                algorithms: [RS256, ES256]
+              - issuer: \(broken)
+                jwks-uri: \(server.url("/certs"))
+            """)
+        defer { setup.cleanUp() }
+        let worker = try WorkerProcess(config: setup.config, environment: ["WARDEN_KAFKA_MAX_IN_FLIGHT": "4", "WARDEN_HTTP_STALL_TIMEOUT": "1s"])
+        let port = try await worker.httpPort()
+        let waiting = try (0..<8).map { i in
+            try SETMinter.token(claims: SETMinter.riscClaims(issuer: broken, audience: Self.audience, subject: "w-\(i)", jti: "w-\(i)"),
+                                key: Self.ec)
+        }
+        try await Self.produce(setup.cluster.bootstrapServers, waiting.enumerated().map { ("w-\($0.offset)", $0.element) })
+        try await Self.waitFor("eight messages waiting for keys") {
+            Self.metric(try await Self.httpGet(port, "/metrics").1, "warden_waiting_for_keys") == 8
+        }
+        try await Self.produce(setup.cluster.bootstrapServers, [("healthy", try Self.token(jti: "healthy", subject: "healthy"))])
+        try await Self.waitFor("the other issuer's event recorded") { try SQLiteLedgerReader(path: setup.ledgerPath).eventCount() == 1 }
+        try await Task.sleep(for: .seconds(2))  // past the stall timeout
+        #expect(try await Self.httpGet(port, "/healthz").0 == 200)
+        #expect(try await Self.httpGet(port, "/readyz").0 == 503)
+        #expect(await worker.terminate() == 0)
+        await server.stop()
+    }
+
     @Test func configurationErrorsNameTheKeyAndExitTwo() async throws {
         let directory = try Warden.temporaryDirectory()
         defer { try? FileManager.default.removeItem(at: directory) }
