@@ -265,7 +265,7 @@ let package = Package(
         ),
         .testTarget(
             name: "KafkaTests",
-            dependencies: ["Kafka", "WardenTestSupport", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["Kafka", "CRdkafka", "WardenTestSupport", .product(name: "Logging", package: "swift-log")],
             swiftSettings: testSettings
         ),
         .testTarget(

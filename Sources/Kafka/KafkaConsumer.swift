@@ -236,7 +236,11 @@ public final class KafkaConsumer: Sendable {
             // may revoke (and reassign) the partition, and then this message belongs to the
             // earlier assignment. A message of a partition no longer assigned is not handed out.
             if var m = convert(message, deliver: deliver),
-               let assignment = state.tracker.withLock({ $0.handedOut(TopicPartition(m.topic, m.partition), offset: m.offset) }) {
+               let assignment = state.tracker.withLock({ tracker in
+                   // A skipped record's report never goes behind what was handed out already.
+                   m.deliveryError != nil && !tracker.isAhead(TopicPartition(m.topic, m.partition), offset: m.offset)
+                       ? nil : tracker.handedOut(TopicPartition(m.topic, m.partition), offset: m.offset)
+               }) {
                 m.assignment = assignment
                 owned.append(m)
             }
@@ -281,15 +285,36 @@ public final class KafkaConsumer: Sendable {
     static let maximumBatch = 512
 
     private func convert(_ pointer: UnsafeMutablePointer<rd_kafka_message_t>, deliver: Bool) -> KafkaMessage? {
+        Self.convert(pointer, deliver: deliver, logger: logger)
+    }
+
+    /// Errors librdkafka reports for one record that it then skips, fetching on from the next:
+    /// the record at that offset is never delivered.
+    static let skippedRecordErrors: Set<rd_kafka_resp_err_t.RawValue> = [
+        RD_KAFKA_RESP_ERR__BAD_MSG.rawValue, RD_KAFKA_RESP_ERR__BAD_COMPRESSION.rawValue,
+    ]
+
+    /// A polled message as handed out, or nil. A record librdkafka could not deliver whole and
+    /// skipped is handed out as a message with `deliveryError`, so that it is recorded and
+    /// dead-lettered like any message that can never succeed, and the commit point does not
+    /// pass it unseen. Other errors (a broker down, an offset reset) are logged.
+    static func convert(_ pointer: UnsafeMutablePointer<rd_kafka_message_t>, deliver: Bool, logger: Logger) -> KafkaMessage? {
         let m = pointer.pointee
         if m.err != RD_KAFKA_RESP_ERR_NO_ERROR {
-            if m.err != RD_KAFKA_RESP_ERR__PARTITION_EOF {
-                let detail = rd_kafka_message_errstr(pointer).map { String(cString: $0) } ?? ""
-                logger.warning("Kafka consumer error", metadata: [
-                    "kafka.error": "\(String(cString: rd_kafka_err2name(m.err)))", "kafka.reason": "\(detail)",
-                ])
+            guard m.err != RD_KAFKA_RESP_ERR__PARTITION_EOF else { return nil }
+            let name = String(cString: rd_kafka_err2name(m.err))
+            let detail = rd_kafka_message_errstr(pointer).map { String(cString: $0) } ?? ""
+            guard skippedRecordErrors.contains(m.err.rawValue), m.rkt != nil, m.partition >= 0, m.offset >= 0 else {
+                logger.warning("Kafka consumer error", metadata: ["kafka.error": "\(name)", "kafka.reason": "\(detail)"])
+                return nil
             }
-            return nil
+            guard deliver else { return nil }
+            var message = KafkaMessage(copying: pointer)
+            message.deliveryError = "\(name): \(detail)"
+            logger.error("Kafka could not deliver a record whole; it is recorded and dead-lettered as unreadable", metadata: [
+                "kafka.error": "\(name)", "kafka.reason": "\(detail)", "warden.source": "\(message.address(prefix: "kafka:"))",
+            ])
+            return message
         }
         // A message polled after fetching stopped is not handed out and not tracked: it is
         // fetched again by whoever owns the partition next.

@@ -13,6 +13,10 @@ public struct KafkaMessage: Sendable {
     /// The assignment of its partition it was fetched under (nil for a message not fetched by
     /// a consumer group member).
     public internal(set) var assignment: PartitionAssignment?
+    /// Set when librdkafka could not deliver the message at this offset whole (a corrupt
+    /// record, a compression it cannot undo) and went on past it: what it said. The value is
+    /// then whatever librdkafka gave (its error text), never the record.
+    public internal(set) var deliveryError: String?
 
     public init(topic: String, partition: Int32, offset: Int64, key: [UInt8]?, value: [UInt8],
                 headers: [KafkaHeader] = [], timestamp: Int64? = nil) {

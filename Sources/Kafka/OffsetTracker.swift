@@ -87,6 +87,12 @@ struct OffsetTracker: Sendable {
         return partitions[tp]!.assignment
     }
 
+    /// Whether `offset` is after every offset of the partition handed out so far.
+    func isAhead(_ tp: TopicPartition, offset: Int64) -> Bool {
+        guard let partition = partitions[tp] else { return false }
+        return partition.next.map { offset >= $0 } ?? true
+    }
+
     /// The message at `offset`, handed out under `assignment`, is finished. A message of an
     /// earlier assignment of the partition (revoked since) is ignored.
     mutating func finished(_ tp: TopicPartition, offset: Int64, assignment: PartitionAssignment?) {

@@ -450,6 +450,9 @@ public struct EventProcessor: Sendable {
     }
 
     private func verify(_ message: IntakeMessage) async -> Result<Verified, VerificationError> {
+        if let unreadable = message.unreadable {
+            return .failure(VerificationError(.malformed, "the message could not be read whole: \(unreadable)"))
+        }
         let started = ContinuousClock.now
         // Whitespace around a compact JWS (a trailing newline from a file or a shell) is not
         // part of it; a dead letter keeps the value as received, the ledger the token verified.

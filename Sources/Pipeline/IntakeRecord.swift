@@ -15,6 +15,9 @@ public struct IntakeMessage: Sendable {
     /// The key and headers it arrived with (Kafka's), kept for its dead letter.
     public var key: [UInt8]?
     public var headers: [MessageHeader]
+    /// Set when the door could not read the message whole (Kafka skipped a corrupt record): why.
+    /// It is refused as malformed, recorded and dead-lettered, never verified.
+    public var unreadable: String?
 
     public init(value: [UInt8], source: String, receivedAt: Double, claimsTime: SETVerifier.ClaimsTime = .now,
                 key: [UInt8]? = nil, headers: [MessageHeader] = []) {

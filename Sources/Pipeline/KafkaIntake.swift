@@ -61,9 +61,10 @@ public final class KafkaIntake: Service {
             metrics.received(source: "kafka", count: batch.count)
             let receivedAt = Date().timeIntervalSince1970
             return batch.map { message in
-                IntakeRecord(IntakeMessage(value: message.value, source: message.address(prefix: "kafka:"), receivedAt: receivedAt,
-                                           key: message.key, headers: message.headers.map { MessageHeader(name: $0.name, value: $0.value) }),
-                             acknowledgement: KafkaAcknowledgement(consumer: consumer, message: message))
+                var intake = IntakeMessage(value: message.value, source: message.address(prefix: "kafka:"), receivedAt: receivedAt,
+                                           key: message.key, headers: message.headers.map { MessageHeader(name: $0.name, value: $0.value) })
+                intake.unreadable = message.deliveryError
+                return IntakeRecord(intake, acknowledgement: KafkaAcknowledgement(consumer: consumer, message: message))
             }
         }
     }

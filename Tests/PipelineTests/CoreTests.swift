@@ -377,6 +377,24 @@ struct CoreTests {
         #expect(world.ledger.rejections.count == 1)
     }
 
+    // A message its door could not read whole (Kafka skipped a corrupt record) is refused as
+    // malformed, whatever its bytes: recorded as a rejection and dead-lettered, never verified
+    // (here its bytes are even a valid token), and the messages beside it go on.
+    @Test func aMessageTheDoorCouldNotReadIsRejectedAndDeadLettered() async throws {
+        let world = World()
+        var unreadable = Self.token(Self.issuerA, "u9", jti: "looks-valid", key: Self.keyA)
+        unreadable.source = "test:skipped"
+        unreadable.unreadable = "_BAD_MSG: Message at offset 41 failed CRC check"
+        let settled = await Settled.run(world.pipeline, [[unreadable, Self.token(Self.issuerA, "u1", jti: "after", key: Self.keyA)]])
+        #expect(settled[0].code == "invalid_request")
+        guard case .rejected(_, let description) = settled[0] else { Issue.record("\(settled[0])"); return }
+        #expect(description.contains("could not be read whole: _BAD_MSG"), "\(description)")
+        if case .recorded = settled[1] {} else { Issue.record("\(settled[1])") }
+        #expect(world.deadLetters.sent.withLock { $0.map(\.source) } == ["test:skipped"])
+        #expect(world.ledger.rejections.map(\.source) == ["test:skipped"])
+        #expect(world.ledger.event("looks-valid") == nil)
+    }
+
     // An event the ledger can never hold is rejected (dead-lettered, recorded as a rejection);
     // the others of its batch are recorded.
     @Test func anEventTheLedgerRefusesForGoodDoesNotStopTheOthers() async {
