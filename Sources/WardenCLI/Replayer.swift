@@ -146,8 +146,9 @@ final class Replayer {
             return SeenPairs.hash(EventKey(issuer: verified.token.issuer, jti: verified.token.jti))
         }
         var firsts = try seen.insert(validKeys).makeIterator()
-        // What invalid entries claim to be counts as met too: an event of the ledger they name is
-        // in the log (reported verdict-changed), not missing from it.
+        // An invalid entry that is the very token the ledger took as valid (reported
+        // verdict-changed) counts as met: that event is in the log, not missing from it. One
+        // that only claims the event's issuer and jti (a forged or corrupted copy) does not.
         var claimedKeys: [Int] = []
         for (entry, result) in zip(entries, results) {
             switch result {
@@ -168,10 +169,7 @@ final class Replayer {
                 findings.append(ReplayFinding(position: entry.position, jti: claimed.jti, issuer: claimed.issuer, valid: false,
                                               error: (error.reportedCode, error.description), types: [], status: .invalid,
                                               planned: [], time: entry.receivedAt ?? claimed.issuedAt))
-                if let iss = claimed.issuer, let jti = claimed.jti {
-                    lookups.append(EventKey(issuer: iss, jti: jti))
-                    claimedKeys.append(SeenPairs.hash(EventKey(issuer: iss, jti: jti)))
-                }
+                if let iss = claimed.issuer, let jti = claimed.jti { lookups.append(EventKey(issuer: iss, jti: jti)) }
             case .success(let verified):
                 let token = verified.token
                 let key = EventKey(issuer: token.issuer, jti: token.jti)
@@ -184,7 +182,6 @@ final class Replayer {
                 if first { lookups.append(key) }
             }
         }
-        if !claimedKeys.isEmpty { _ = try claimedSeen.insert(claimedKeys) }
         let states = lookups.isEmpty ? [:] : try await ledger.eventStates(lookups)
         var unknownValid: [Int] = []
         for i in findings.indices {
@@ -208,8 +205,10 @@ final class Replayer {
                 findings[i].eventID = state.id
                 findings[i].ledgerSteps = state.steps
                 findings[i].status = .verdictChanged
+                claimedKeys.append(SeenPairs.hash(EventKey(issuer: iss, jti: jti)))
             }
         }
+        if !claimedKeys.isEmpty { _ = try claimedSeen.insert(claimedKeys) }
         if !unknownValid.isEmpty {
             let digests = unknownValid.map { AuditChain.sha256Hex(entries[$0].token) }
             let rejected = try await ledger.rejectedDigests(digests)
