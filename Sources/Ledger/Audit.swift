@@ -518,7 +518,7 @@ public enum AuditChain {
         public private(set) var broken: Finding? = nil
         /// Where the kept chain starts (the last record retention dropped), and the newest
         /// checkpoint record seen: it must name that start.
-        private let start: (seq: Int64, hash: String)
+        private var start: (seq: Int64, hash: String)
         private var lastCheckpoint: (seq: Int64, hash: String)? = nil
         /// Heads seen earlier and kept away from the ledger (seq → hash): the chain must still
         /// hold each. Without one, whoever can write the ledger can rewrite its tail and head.
@@ -529,6 +529,16 @@ public enum AuditChain {
             lastSeq = start.seq
             lastHash = start.hash
             self.anchors = Dictionary(anchors.map { ($0.seq, $0.hash) }, uniquingKeysWith: { first, _ in first })
+        }
+
+        /// Goes on from a later start: retention dropped, while the chain was read, the records
+        /// after the last one checked up to `start` (the ledger's start now). What follows must
+        /// link to it, and a checkpoint must name it, as for a check begun there.
+        public mutating func restart(at start: (seq: Int64, hash: String)) {
+            guard broken == nil, start.seq > lastSeq else { return }
+            self.start = start
+            lastSeq = start.seq
+            lastHash = start.hash
         }
 
         /// Checks the next record; false once the chain is broken.
@@ -568,15 +578,20 @@ public enum AuditChain {
         }
 
         /// The finding once every record is checked, against the head kept beside them.
-        public func finish(head: (seq: Int64, hash: String)) -> Finding {
+        /// `currentStart`: the ledger's start as read after the records; retention may have
+        /// moved it meanwhile past records already checked, and then the last checkpoint names it.
+        public func finish(head: (seq: Int64, hash: String), currentStart: (seq: Int64, hash: String)? = nil) -> Finding {
             if let broken { return broken }
             // Records were dropped: a checkpoint in the kept chain must say where, or the start
             // was moved by hand (records removed from the front).
-            if start.seq > 0 {
+            if start.seq > 0 || (currentStart?.seq ?? 0) > 0 {
                 guard let checkpoint = lastCheckpoint else {
                     return .broken(seq: start.seq + 1, reason: "the chain starts after record \(start.seq) but no checkpoint record says so (records removed from the front)")
                 }
-                guard checkpoint.seq == start.seq, checkpoint.hash == start.hash else {
+                let movedBehind = currentStart.map { now in
+                    checkpoint.seq == now.seq && checkpoint.hash == now.hash && now.seq > start.seq && now.seq <= lastSeq
+                } ?? false
+                guard (checkpoint.seq == start.seq && checkpoint.hash == start.hash) || movedBehind else {
                     return .broken(seq: start.seq + 1, reason: "the chain starts after record \(start.seq) but its last checkpoint "
                                    + "dropped up to record \(checkpoint.seq) (the start was moved)")
                 }
@@ -629,20 +644,23 @@ extension AuditingLedger {
         try await checkAuditChain(pageSize: pageSize, anchors: anchors, afterReadingTheStart: {})
     }
 
-    /// `afterReadingTheStart` runs between reading the start and the records: tests prune there.
-    func checkAuditChain(pageSize: Int, anchors: [AuditAnchor] = [], afterReadingTheStart: () async throws(LedgerError) -> Void)
+    /// `afterReadingTheStart` runs between reading the start and the records, `afterEachPage`
+    /// after each page of records is read: tests prune there.
+    func checkAuditChain(pageSize: Int, anchors: [AuditAnchor] = [], afterReadingTheStart: () async throws(LedgerError) -> Void,
+                         afterEachPage: () async throws(LedgerError) -> Void = {})
         async throws(LedgerError) -> AuditChain.Finding {
         var attempts = 0
         while true {
             let start = try await auditStart()
             try await afterReadingTheStart()
-            let finding = try await checkAuditChain(from: start, anchors: anchors, pageSize: pageSize)
+            let finding = try await checkAuditChain(from: start, anchors: anchors, pageSize: pageSize, afterEachPage: afterEachPage)
             attempts += 1
             guard case .broken = finding, attempts < 5, try await auditStart() != start else { return finding }
         }
     }
 
-    private func checkAuditChain(from start: (seq: Int64, hash: String), anchors: [AuditAnchor], pageSize: Int)
+    private func checkAuditChain(from start: (seq: Int64, hash: String), anchors: [AuditAnchor], pageSize: Int,
+                                 afterEachPage: () async throws(LedgerError) -> Void)
         async throws(LedgerError) -> AuditChain.Finding {
         let before = try await auditHead()
         // Retention drops records up to the start and moves the start in one transaction: a
@@ -655,7 +673,16 @@ extension AuditingLedger {
         var after: Int64 = start.seq
         pages: while true {
             let page = try await auditRecords(afterSeq: after, limit: pageSize)
+            try await afterEachPage()
             for record in page {
+                if record.seq > checker.lastSeq + 1 {
+                    // Records missing ahead of the walk: retention (the worker prunes as it
+                    // runs) may have dropped them since. Then the ledger's start is now at the
+                    // last of them or beyond (a later prune), and the walk goes on from there;
+                    // the last checkpoint must still name the start the ledger ends with.
+                    let now = try await auditStart()
+                    if now.seq >= record.seq - 1 { checker.restart(at: (record.seq - 1, record.previousHash)) }
+                }
                 guard checker.check(record) else { break pages }
                 after = record.seq
             }
@@ -670,6 +697,7 @@ extension AuditingLedger {
             return .broken(seq: now.seq, reason: "the chain's head does not hold this record's hash")
         }
         // Appended since the head was first read, or cut from the end.
-        return checker.finish(head: checker.lastSeq >= before.seq ? (checker.lastSeq, checker.lastHash) : before)
+        return checker.finish(head: checker.lastSeq >= before.seq ? (checker.lastSeq, checker.lastHash) : before,
+                              currentStart: try await auditStart())
     }
 }

@@ -123,6 +123,28 @@ struct RetentionTests {
         guard case .intact = finding else { Issue.record("a prune during the check is not tampering: \(finding)"); return }
     }
 
+    /// Retention running all along while a long chain is walked (a prune after every page,
+    /// dropping records ahead of the walk and records it has passed): still no tampering, and
+    /// every attempt of the check sees prunes, so starting again does not help.
+    @Test(arguments: Backend.allCases) func pruningAllAlongTheWalkIsNoBreak(_ backend: Backend) async throws {
+        let storage = try await LedgerUnderTest(backend)
+        let ledger = try await audit.populated(storage)
+        for i in 0..<24 { _ = try await ledger.record([.event(E.event(jti: "more-\(i)"), outcome: .processed, steps: [])]) }
+        var pages = 0, dropped = 0
+        // Events keep coming while it runs, so retention always has something to drop.
+        let finding = try await ledger.checkAuditChain(pageSize: 4, afterReadingTheStart: {}, afterEachPage: { () async throws(LedgerError) in
+            pages += 1
+            _ = try await ledger.record([.event(E.event(jti: "meanwhile-\(pages)"), outcome: .processed, steps: [])])
+            dropped += try await ledger.prune(before: 1_800_000_005, limit: pages % 2 == 1 ? 6 : 1, afterEventID: 0).auditRecords
+        })
+        #expect(dropped > 20)
+        guard case .intact = finding else { Issue.record("retention during the check is not tampering: \(finding)"); return }
+        // And a chain whose front was cut by hand is still named.
+        let start = try await ledger.auditStart()
+        try await audit.tamper(storage, "DELETE FROM audit_records WHERE seq = \(start.seq + 1)")
+        guard case .broken = try await ledger.checkAuditChain() else { Issue.record("a record cut from the front must be named"); return }
+    }
+
     /// Retention leaves no record at or before the start: one put there by hand is named by
     /// verify (it would otherwise be exported unchecked).
     @Test(arguments: Backend.allCases) func aRecordInsertedBeforeTheStartIsNamed(_ backend: Backend) async throws {
