@@ -306,7 +306,7 @@ let package = Package(
             name: "WardenCLITests",
             dependencies: [
                 "WardenCLI", "TokenVerification", "SETMinting", "SecurityEvents", "WardenTestSupport", "warden", "Kafka", "Ledger", "Invalidation", "Redis",
-                "HTTPExchange",
+                "HTTPExchange", .product(name: "AsyncHTTPClient", package: "async-http-client"),
             ],
             swiftSettings: testSettings
         ),

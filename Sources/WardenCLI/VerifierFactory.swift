@@ -15,20 +15,25 @@ extension WardenConfiguration {
                                keys: IssuerKeyCache(issuer: policy.issuer, source: policy.keySource,
                                                     settings: policy.keyCache, fetcher: fetcher, clock: clock,
                                                     logger: logger, archive: archive),
-                               archived: Self.entries(archived.filter { $0.issuer == policy.issuer }, logger: logger))
+                               archived: Self.entries(archived.filter { $0.issuer == policy.issuer }, grace: Self.archivedKeyGrace(policy),
+                                                      logger: logger))
         }
         return SETVerifier(issuers: issuers, maximumTokenBytes: maximumTokenBytes, clock: clock)
     }
 
     /// How long after a key was last seen published a token signed with it is still trusted
-    /// (its `iat`): refreshes are at most a day apart, so a token issued later than that came
-    /// after the issuer retired the key.
-    static let archivedKeyGrace: Double = 86_400
+    /// (its `iat`): as long as the worker itself goes on using a fetched key — its lifetime
+    /// (`max-key-lifetime` at most), then `max-staleness` while the provider cannot be reached —
+    /// and the clock skew allowed; at least a day. A token issued later came after the issuer
+    /// retired the key, or was never seen by a worker.
+    static func archivedKeyGrace(_ policy: IssuerPolicy) -> Double {
+        max(86_400, policy.keyCache.maximumLifetime + policy.keyCache.maximumStaleness + policy.clockSkew)
+    }
 
     /// Archived keys by `kid` (the most recently seen, when a `kid` was reused with other key
     /// material). A key that no longer parses, or no longer matches its thumbprint, is an unusable
     /// entry: its tokens are refused rather than sent to the live keys.
-    static func entries(_ keys: [ArchivedKey], logger: Logger) -> [String: ArchivedKeyEntry] {
+    static func entries(_ keys: [ArchivedKey], grace: Double, logger: Logger) -> [String: ArchivedKeyEntry] {
         var entries: [String: ArchivedKeyEntry] = [:]
         for key in keys.sorted(by: { $0.lastSeen < $1.lastSeen }) {
             let entry: KeySetEntry
@@ -48,7 +53,7 @@ extension WardenConfiguration {
                 logger.warning("archived key refused", metadata: ["warden.issuer": "\(key.issuer)", "warden.kid": "\(key.keyID)",
                                                                   "warden.reason": "\(reason)"])
             }
-            entries[key.keyID] = ArchivedKeyEntry(entry: entry, issuedNotAfter: key.lastSeen + archivedKeyGrace)
+            entries[key.keyID] = ArchivedKeyEntry(entry: entry, issuedNotAfter: key.lastSeen + grace)
         }
         return entries
     }

@@ -1,9 +1,11 @@
+import AsyncHTTPClient
 import Foundation
 import Kafka
 import Ledger
 import SETMinting
 import SecurityEvents
 import Testing
+import TokenVerification
 import WardenTestSupport
 @testable import WardenCLI
 
@@ -302,6 +304,31 @@ struct AuditExportTests {
     static func pushedEvent(_ jti: String, subject: String?) -> LedgerEvent {
         LedgerEvent(issuer: WorkerTests.issuer, jti: jti, token: "a.b.c", source: "push", eventTypes: ["urn:e"], subject: subject,
                     keyID: "k", algorithm: "RS256", keyThumbprint: "t", issuedAt: 1, receivedAt: 2)
+    }
+
+    /// A key last seen published 30 hours before a token was issued: the worker, its provider
+    /// unreachable, went on using its cached copy that long (24 h lifetime at most, then 24 h
+    /// stale), so replay trusts the archived key as long; past that the token is refused.
+    @Test func archivedKeysAreTrustedAsLongAsTheWorkerUsesThem() async throws {
+        let directory = try WorkerTests.keyFolder()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        try SETMinter.jwks([WorkerTests.ec]).write(to: directory.appendingPathComponent("live.json"), atomically: true, encoding: .utf8)
+        let configuration = try WardenConfiguration.parse(yaml: WorkerTests.issuerSection("jwks-file: live.json"), baseDirectory: directory)
+        let jwk = try #require(try JSONParser.parse(SETMinter.jwks([WorkerTests.rsa])).objectValue?["keys"]?.arrayValue?.first?.objectValue)
+        let thumbprint = try KeySet.makeKey(jwk, keyID: WorkerTests.rsa.keyID).get().thumbprint
+        func verifier(lastSeenHoursAgo hours: Double) -> SETVerifier {
+            let seen = Date().timeIntervalSince1970 - hours * 3600
+            let archived = ArchivedKey(issuer: WorkerTests.issuer, keyID: WorkerTests.rsa.keyID, thumbprint: thumbprint,
+                                       jwk: JSONValue.object(jwk).jsonText, firstSeen: seen - 86_400, lastSeen: seen)
+            return configuration.makeVerifier(client: HTTPClient.shared, logger: WorkerTests.quiet, archived: [archived])
+        }
+        let token = try WorkerTests.token(jti: "while-stale", subject: "u", key: WorkerTests.rsa)
+        let trusted = await verifier(lastSeenHoursAgo: 30).verify(token)
+        if case .failure(let error) = trusted { Issue.record("refused: \(error)") }
+        guard case .failure(let late) = await verifier(lastSeenHoursAgo: 49).verify(token) else {
+            Issue.record("a token issued 49 hours after its key was last seen must be refused"); return
+        }
+        #expect(late.reportedCode == "invalid_key", "\(late)")
     }
 
     /// An event the ledger's retention dropped is reported `beyond-retention`, not
