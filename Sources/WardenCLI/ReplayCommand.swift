@@ -74,7 +74,7 @@ extension WardenCommand {
             var source: any ReplaySource
             do {
                 if let file {
-                    source = try FileReplaySource(path: file)
+                    source = try FileReplaySource(path: file, maximumTokenBytes: configuration.maximumTokenBytes)
                 } else {
                     source = try KafkaReplaySource(kafka: configuration.kafka!, topic: topic!,
                                                    from: from.flatMap(RFC3339.parse), to: to.flatMap(RFC3339.parse))

@@ -3,6 +3,7 @@ import Kafka
 import Logging
 import Foundation
 import SecurityEvents
+import TokenVerification
 
 /// One entry of a log being replayed.
 struct ReplayEntry: Sendable {
@@ -56,8 +57,12 @@ struct FileReplaySource: ReplaySource {
     private var lineTooLong = false
     private var lineNumber = 0
     private var ended = false
+    /// Tokens longer than this are refused for their size alone, and not kept: a batch of long
+    /// lines holds little.
+    private let maximumTokenBytes: Int
 
-    init(path: String) throws {
+    init(path: String, maximumTokenBytes: Int = SETVerifier.defaultMaximumTokenBytes) throws {
+        self.maximumTokenBytes = maximumTokenBytes
         guard let attributes = try? FileManager.default.attributesOfItem(atPath: path),
               (attributes[.type] as? FileAttributeType) == .typeRegular else {
             throw ReplayLogError("\(path): no such file")
@@ -83,7 +88,13 @@ struct FileReplaySource: ReplaySource {
                 entries.append(ReplayEntry(position: position, token: [], malformed: "the line is longer than \(Self.maximumLineBytes) bytes"))
                 continue
             }
-            entries.append(Self.entry(trimmed, position: position))
+            let entry = Self.entry(trimmed, position: position)
+            guard entry.token.count <= maximumTokenBytes else {
+                entries.append(ReplayEntry(position: position, token: [],
+                                           malformed: "the token is \(entry.token.count) bytes, more than the \(maximumTokenBytes) allowed"))
+                continue
+            }
+            entries.append(entry)
         }
         return entries
     }

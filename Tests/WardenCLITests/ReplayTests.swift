@@ -331,6 +331,24 @@ struct AuditExportTests {
         #expect(late.reportedCode == "invalid_key", "\(late)")
     }
 
+    /// A line holding a token longer than the maximum token size is refused for its size
+    /// alone, and not kept while its batch is compared (a log of such lines stays small in
+    /// memory); the entries beside it are replayed.
+    @Test func aTokenTooLongIsRefusedWithoutBeingKept() async throws {
+        let (directory, config, path) = try Self.ledgerFolder()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        await (try SQLiteLedger(path: path)).close()
+        let log = directory.appendingPathComponent("events.log")
+        let long = String(repeating: "a", count: 70_000)
+        try "\(long)\n{\"token\": \"\(long)\"}\n\(try WorkerTests.token(jti: "fine", subject: "u"))\n".write(to: log, atomically: true, encoding: .utf8)
+        let report = try await ReplayTests.replay(config, log)
+        #expect(report.statuses == ["invalid", "invalid", "never-processed"])
+        for line in report.lines.prefix(2) {
+            #expect(line["err"]?.stringValue == "invalid_request")
+            #expect(line["description"]?.stringValue == "the token is 70000 bytes, more than the 65536 allowed", "\(line)")
+        }
+    }
+
     /// An event the ledger's retention dropped is reported `beyond-retention`, not
     /// `never-processed`, and `--apply` does not act on it a second time.
     @Test func anEventRetentionDroppedIsNotActedOnAgain() async throws {
