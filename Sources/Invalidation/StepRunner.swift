@@ -404,6 +404,7 @@ public struct StepRunner: Sendable {
                     if let deadLetter {
                         guard await send(deadLetter, for: event) else {
                             event.permit.endAction()
+                            leases.forget(holding, event: event.eventID)
                             await finished(call.i, nil)
                             continue
                         }
@@ -871,31 +872,50 @@ final class LeaseKeeper: Sendable {
                 return due
             }
             guard let due else { return }
-            for eventID in due {
-                let asked = Date().timeIntervalSince1970
-                let granted: Bool
-                do {
-                    granted = try await journal.lease(event: eventID, owner: owner, seconds: seconds)
-                } catch {
-                    logger.warning("an event's lease could not be renewed while its step is under way; trying again",
-                                   metadata: ["warden.event_id": "\(eventID)", "warden.error": "\(error)"])
-                    continue
-                }
-                guard granted else {
-                    // Too late: it ran out (the ledger was slower than a third of a lease) and
-                    // another owner holds it now. Recording still checks the step is pending.
-                    logger.error("an event's lease ran out while its step was under way; another owner may run that step too",
-                                 metadata: ["warden.event_id": "\(eventID)"])
-                    // No longer held: the next step waits for the lease again.
-                    state.withLock { s in
-                        for (holding, leases) in s.held where leases[eventID] != nil { s.held[holding]![eventID] = nil }
-                    }
-                    continue
-                }
-                state.withLock { s in
-                    for (holding, leases) in s.held where leases[eventID] != nil { s.held[holding]![eventID] = asked + seconds }
-                }
+            // All at once: a burst of events admitted together comes due on one tick, and the
+            // ledger joins concurrent writes; one after another, the last could run out.
+            await withTaskGroup(of: Void.self) { group in
+                for eventID in due { group.addTask { await self.renew(eventID) } }
             }
+        }
+    }
+
+    private func isHeld(_ eventID: Int64) -> Bool {
+        state.withLock { s in s.held.values.contains { $0[eventID] != nil } }
+    }
+
+    /// Stops keeping one event's lease (its holding goes on for the others).
+    func forget(_ holding: Int, event eventID: Int64) {
+        state.withLock { s in _ = s.held[holding]?.removeValue(forKey: eventID) }
+    }
+
+    private func renew(_ eventID: Int64) async {
+        // Given up meanwhile (its message taken back, its call over): not taken again.
+        guard isHeld(eventID) else { return }
+        let asked = Date().timeIntervalSince1970
+        let granted: Bool
+        do {
+            granted = try await journal.lease(event: eventID, owner: owner, seconds: seconds)
+        } catch {
+            logger.warning("an event's lease could not be renewed while its step is under way; trying again",
+                           metadata: ["warden.event_id": "\(eventID)", "warden.error": "\(error)"])
+            return
+        }
+        guard granted else {
+            // Too late: it ran out (the ledger was slower than a third of a lease) and another
+            // owner holds it now. Recording still checks the step is pending.
+            logger.error("an event's lease ran out while its step was under way; another owner may run that step too",
+                         metadata: ["warden.event_id": "\(eventID)"])
+            // No longer held: the next step waits for the lease again.
+            state.withLock { s in
+                for (holding, leases) in s.held where leases[eventID] != nil { s.held[holding]![eventID] = nil }
+            }
+            return
+        }
+        // Given up while the renewal was under way, the lease is left to run out rather than
+        // given back: this process may have taken the event up again meanwhile.
+        state.withLock { s in
+            for (holding, leases) in s.held where leases[eventID] != nil { s.held[holding]![eventID] = asked + seconds }
         }
     }
 }

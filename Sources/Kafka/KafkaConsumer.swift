@@ -63,6 +63,8 @@ final class ConsumerState: Sendable {
     /// flight: room for a whole poll round, not one wake (two thread switches) per message
     /// finished while the intake is full.
     let roomAt: Int
+    /// `maximumInFlight`.
+    let budget: Int
 
     /// Wakes the poll thread if it waits for room and `inFlight` leaves enough.
     func madeRoom(inFlight: Int) {
@@ -73,6 +75,7 @@ final class ConsumerState: Sendable {
         self.machine = Mutex(ConsumerStateMachine(maximumInFlight: maximumInFlight))
         self.revocationGrace = revocationGrace
         self.roomAt = maximumInFlight - max(1, min(KafkaConsumer.maximumBatch, maximumInFlight / 8))
+        self.budget = maximumInFlight
     }
 }
 
@@ -136,7 +139,7 @@ public final class KafkaConsumer: Sendable {
     public func finished(_ message: KafkaMessage) {
         let active = state.tracker.withLock {
             $0.finished(TopicPartition(message.topic, message.partition), offset: message.offset, assignment: message.assignment)
-            return $0.active
+            return $0.load(budget: state.budget)
         }
         state.madeRoom(inFlight: active)
     }
@@ -147,7 +150,7 @@ public final class KafkaConsumer: Sendable {
     public func setAside(_ message: KafkaMessage, _ aside: Bool) {
         let active = state.tracker.withLock {
             $0.setAside(TopicPartition(message.topic, message.partition), assignment: message.assignment, aside)
-            return $0.active
+            return $0.load(budget: state.budget)
         }
         state.madeRoom(inFlight: active)
     }
@@ -195,7 +198,7 @@ public final class KafkaConsumer: Sendable {
             }
             // Messages waiting aside for keys do not count (the pipeline bounds them); the time
             // is monotonic, so a clock stepped back cannot keep the loop from pausing.
-            let active = state.tracker.withLock { $0.active }
+            let active = state.tracker.withLock { $0.load(budget: state.budget) }
             let now = Double(DispatchTime.now().uptimeNanoseconds) / 1e9
             switch state.machine.withLock({ $0.next(inFlight: active, now: now) }) {
             case .finishStream:
@@ -209,7 +212,7 @@ public final class KafkaConsumer: Sendable {
                 // meanwhile. In-flight is read again once the flag is up: messages finished just
                 // before then woke no one.
                 state.waitingForRoom.store(true, ordering: .sequentiallyConsistent)
-                if state.tracker.withLock({ $0.active }) > state.roomAt {
+                if state.tracker.withLock({ $0.load(budget: state.budget) }) > state.roomAt {
                     _ = state.room.wait(timeout: .now() + .milliseconds(100))
                 }
                 commitIfDue(&lastCommit)

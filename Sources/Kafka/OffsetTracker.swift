@@ -54,8 +54,20 @@ struct OffsetTracker: Sendable {
     private var generation: UInt64 = 0
 
     var inFlight: Int { partitions.values.reduce(0) { $0 + $1.inFlight } }
-    /// In flight and not waiting aside: what the fetch budget (`max-in-flight`) counts.
-    var active: Int { partitions.values.reduce(0) { $0 + $1.inFlight - $1.aside } }
+    /// What the fetch budget (`max-in-flight`, `budget`) counts: messages in flight and not
+    /// waiting aside. A message waiting aside still holds its partition's commit point, and
+    /// every later offset stays tracked behind it: once the offsets held so pass 64 budgets,
+    /// the budget counts as full, so that span (and what a restart fetches again) stays bounded.
+    func load(budget: Int) -> Int {
+        var active = 0, tracked = 0
+        for partition in partitions.values {
+            active += partition.inFlight - partition.aside
+            tracked += partition.offsets.count - partition.head
+        }
+        return tracked > budget * Self.spanBudgets ? max(active, budget) : active
+    }
+
+    static let spanBudgets = 64
 
     /// A message handed out under `assignment` is put aside to wait for keys, or taken up again.
     mutating func setAside(_ tp: TopicPartition, assignment: PartitionAssignment?, _ aside: Bool) {

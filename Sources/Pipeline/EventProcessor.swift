@@ -223,7 +223,7 @@ public struct EventProcessor: Sendable {
             case .invalid(let code, let description):
                 metrics.deadLettered()
                 admitted.append(Admitted(record: checked.record, verdict: verdict,
-                                         entry: .rejection(Rejection(token: message.value, source: message.source, code: code,
+                                         entry: .rejection(Rejection(token: Array(trimmedASCIIWhitespace(message.value)), source: message.source, code: code,
                                                                      description: description, receivedAt: message.receivedAt))))
             }
         }
@@ -350,7 +350,7 @@ public struct EventProcessor: Sendable {
                 let message = batch[i].record.message
                 let code = SETErrorCode.invalidRequest.rawValue
                 let description = "the ledger cannot store this event: \(error)"
-                let rejection = Rejection(token: message.value, source: message.source, code: code, description: description,
+                let rejection = Rejection(token: Array(trimmedASCIIWhitespace(message.value)), source: message.source, code: code, description: description,
                                           receivedAt: message.receivedAt)
                 switch await attempting("dead-letter", {
                     try await deadLetters.deadLetter(value: message.value, key: message.key, headers: message.headers,
@@ -503,13 +503,6 @@ public struct EventProcessor: Sendable {
     }
 }
 
-func trimmedASCIIWhitespace(_ bytes: [UInt8]) -> ArraySlice<UInt8> {
-    let isSpace: (UInt8) -> Bool = { $0 == 0x20 || $0 == 0x09 || $0 == 0x0A || $0 == 0x0D }
-    guard let start = bytes.firstIndex(where: { !isSpace($0) }), let end = bytes.lastIndex(where: { !isSpace($0) }) else {
-        return []
-    }
-    return bytes[start...end]
-}
 
 /// Tokens never appear whole in logs: a short digest identifies one.
 enum TokenDigest {

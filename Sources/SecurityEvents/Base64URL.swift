@@ -118,3 +118,13 @@ public enum Base64URL {
         }
     }
 }
+
+/// A token as received less the ASCII whitespace around it (a trailing newline from a file or a
+/// shell is not part of a compact JWS). The one trimmer every door and the ledger's digests use.
+public func trimmedASCIIWhitespace(_ bytes: [UInt8]) -> ArraySlice<UInt8> {
+    let isSpace: (UInt8) -> Bool = { $0 == 0x20 || $0 == 0x09 || $0 == 0x0A || $0 == 0x0D }
+    guard let start = bytes.firstIndex(where: { !isSpace($0) }), let end = bytes.lastIndex(where: { !isSpace($0) }) else {
+        return []
+    }
+    return bytes[start...end]
+}

@@ -81,7 +81,7 @@ struct FileReplaySource: ReplaySource {
     mutating func next(limit: Int) throws -> [ReplayEntry] {
         var entries: [ReplayEntry] = []
         while entries.count < limit, let (number, bytes, tooLong) = try nextLine() {
-            let trimmed = WardenCommand.Verify.trimmed(bytes)
+            let trimmed = trimmedASCIIWhitespace(bytes)
             if trimmed.isEmpty, !tooLong { continue }
             let position = "line \(number)"
             if tooLong {
@@ -197,7 +197,7 @@ struct KafkaReplaySource: ReplaySource {
     mutating func next(limit: Int) throws -> [ReplayEntry] {
         try reader.next(limit: limit).map { message in
             ReplayEntry(position: "partition \(message.partition) offset \(message.offset)",
-                        token: Array(WardenCommand.Verify.trimmed(message.value)),
+                        token: Array(trimmedASCIIWhitespace(message.value)),
                         receivedAt: message.timestamp.map { Double($0) / 1000 })
         }
     }

@@ -77,11 +77,11 @@ extension WardenCommand {
             let raw: [UInt8]
             if token == "-" {
                 let input = FileHandle.standardInput.readDataToEndOfFile()
-                raw = Array(Self.trimmed(Array(input)))
+                raw = Array(trimmedASCIIWhitespace(Array(input)))
             } else if let contents = Self.regularFileContents(token) {
-                raw = Array(Self.trimmed(Array(contents)))
+                raw = Array(trimmedASCIIWhitespace(Array(contents)))
             } else {
-                raw = Array(Self.trimmed(Array(token.utf8)))
+                raw = Array(trimmedASCIIWhitespace(Array(token.utf8)))
             }
             var logger = Logger(label: "warden")
             logger.logLevel = ProcessInfo.processInfo.environment["WARDEN_LOG_LEVEL"].flatMap(Logger.Level.init(rawValue:)) ?? .critical
@@ -106,12 +106,6 @@ extension WardenCommand {
             return FileManager.default.contents(atPath: path)
         }
 
-        static func trimmed(_ bytes: [UInt8]) -> ArraySlice<UInt8> {
-            let isSpace: (UInt8) -> Bool = { $0 == 0x20 || $0 == 0x09 || $0 == 0x0A || $0 == 0x0D }
-            guard let start = bytes.firstIndex(where: { !isSpace($0) }),
-                  let end = bytes.lastIndex(where: { !isSpace($0) }) else { return [] }
-            return bytes[start...end]
-        }
     }
 }
 

@@ -72,4 +72,26 @@ struct SkippedRecordTests {
         #expect(tracker.isAhead(tp, offset: 6))
         #expect(!tracker.isAhead(TopicPartition("security-events", 1), offset: 9))
     }
+
+    /// A message waiting aside leaves the fetch budget, but the offsets held behind it do not
+    /// grow without bound: past 64 budgets of them, the budget counts as full.
+    @Test func offsetsHeldBehindAMessageWaitingAsideAreBounded() {
+        var tracker = OffsetTracker()
+        let tp = TopicPartition("security-events", 0)
+        tracker.assigned([tp])
+        let assignment = tracker.handedOut(tp, offset: 0)
+        tracker.setAside(tp, assignment: assignment, true)
+        #expect(tracker.load(budget: 4) == 0)
+        for offset in Int64(1)..<Int64(4 * OffsetTracker.spanBudgets) {
+            _ = tracker.handedOut(tp, offset: offset)
+            tracker.finished(tp, offset: offset, assignment: nil)
+        }
+        #expect(tracker.load(budget: 4) == 0)
+        _ = tracker.handedOut(tp, offset: Int64(4 * OffsetTracker.spanBudgets))
+        #expect(tracker.load(budget: 4) == 4, "full once the span behind the waiting message passes 64 budgets")
+        // The waiting message finishes: the commit point moves, the span is gone.
+        tracker.setAside(tp, assignment: assignment, false)
+        tracker.finished(tp, offset: 0, assignment: nil)
+        #expect(tracker.load(budget: 4) == 1)
+    }
 }

@@ -534,6 +534,31 @@ struct CoreTests {
         #expect(world.ledger.event("long")?.steps.map(\.status) == [.done, .done])
     }
 
+    // A burst of events whose calls all outlast their leases, on a ledger where each lease
+    // write takes 50 ms: renewed one after another the last would run out; every one of them
+    // stays held.
+    @Test func theLeasesOfABurstAreAllKeptOnASlowLedger() async throws {
+        let world = World(steps: StepRunner.Configuration(lease: .seconds(2)))
+        world.ledger.state.withLock { $0.leaseDelay = .milliseconds(50) }
+        let users = (0..<60).map { "burst-\($0)" }
+        for user in users { world.executor.hold(user) }
+        let door = HandDoor()
+        let running = Task { await world.pipeline.run(door.stream) }
+        door.feed(users.map { Self.token(Self.issuerA, $0, jti: $0, key: Self.keyA) })
+        #expect(await eventually { users.allSatisfy { world.executor.waiting($0) == 1 } })
+        let ids = try users.map { try #require(world.ledger.event($0)).id }
+        for _ in 0..<2 {
+            try await Task.sleep(for: .seconds(2))
+            var taken = 0
+            for id in ids where try await world.ledger.lease(event: id, owner: "another-process", seconds: 0.001) { taken += 1 }
+            #expect(taken == 0, "leases that ran out")
+        }
+        for user in users { world.executor.release(user) }
+        #expect(await eventually { (0..<users.count).allSatisfy { door.disposition($0) != nil } })
+        door.continuation.finish()
+        await running.value
+    }
+
     // Refusal counting: a step its target keeps refusing (retry) while it serves other events
     // is failed after `maximumAttempts` such refusals and dead-lettered; a target that refuses
     // everyone (down) counts nothing against an event, which waits until the target is back.

@@ -35,6 +35,8 @@ final class MemoryLedger: Ledger {
         var writes = 0
         /// How many entries each `record(_:)` call held (the intake's writes).
         var intakeWrites: [Int] = []
+        /// How long each lease write takes (a ledger busy with other writes).
+        var leaseDelay: Duration? = nil
     }
 
     let state = Mutex(State())
@@ -169,7 +171,8 @@ final class MemoryLedger: Ledger {
     }
 
     func lease(event eventID: Int64, owner: String, seconds: Double) async throws(LedgerError) -> Bool {
-        try write { (s: inout State) throws(LedgerError) -> Bool in
+        if let delay = state.withLock({ $0.leaseDelay }) { try? await Task.sleep(for: delay) }
+        return try write { (s: inout State) throws(LedgerError) -> Bool in
             guard let i = s.events.firstIndex(where: { $0.id == eventID }) else { throw LedgerError(.conflict, "no event \(eventID)") }
             let now = Date().timeIntervalSince1970
             guard s.events[i].leaseOwner == nil || s.events[i].leaseOwner == owner || s.events[i].leaseUntil < now else { return false }
