@@ -53,7 +53,7 @@ public final class KafkaProducer: Sendable {
         if let fatal = client.fatalError { throw KafkaError(.fatal, "Kafka producer failed: \(fatal)") }
         guard loop.running.withLock({ $0 }) else { throw KafkaError(.closed, "the Kafka producer is closed") }
         let result: Result<DeliveryReport, KafkaError> = await withCheckedContinuation { continuation in
-            let box = Unmanaged.passRetained(DeliveryBox(continuation))
+            let box = Unmanaged.passRetained(DeliveryBox { continuation.resume(returning: $0) })
             let err = produce(topic: topic, key: key, value: value, headers: headers, opaque: box.toOpaque())
             if err != RD_KAFKA_RESP_ERR_NO_ERROR {
                 box.release()
@@ -61,6 +61,41 @@ public final class KafkaProducer: Sendable {
             }
         }
         return try result.get()
+    }
+
+    /// A message for `send(all:)`.
+    public struct Outgoing: Sendable {
+        public var topic: String
+        public var key: [UInt8]?
+        public var value: [UInt8]
+        public var headers: [KafkaHeader]
+
+        public init(topic: String, key: [UInt8]?, value: [UInt8], headers: [KafkaHeader] = []) {
+            self.topic = topic
+            self.key = key
+            self.value = value
+            self.headers = headers
+        }
+    }
+
+    /// Sends messages in their order (one partition keeps it) and waits for every delivery
+    /// report: all in flight at once, so a cluster that cannot be reached costs one delivery
+    /// timeout for all of them, not one each.
+    public func send(all messages: [Outgoing]) async -> [Result<DeliveryReport, KafkaError>] {
+        guard !messages.isEmpty else { return [] }
+        if let fatal = client.fatalError { return messages.map { _ in .failure(KafkaError(.fatal, "Kafka producer failed: \(fatal)")) } }
+        guard loop.running.withLock({ $0 }) else { return messages.map { _ in .failure(KafkaError(.closed, "the Kafka producer is closed")) } }
+        return await withCheckedContinuation { continuation in
+            let reports = DeliveryReports(count: messages.count) { continuation.resume(returning: $0) }
+            for (i, message) in messages.enumerated() {
+                let box = Unmanaged.passRetained(DeliveryBox { reports.deliver(i, $0) })
+                let err = produce(topic: message.topic, key: message.key, value: message.value, headers: message.headers, opaque: box.toOpaque())
+                if err != RD_KAFKA_RESP_ERR_NO_ERROR {
+                    box.release()
+                    reports.deliver(i, .failure(KafkaError.code(err, "cannot produce to \(message.topic)")))
+                }
+            }
+        }
     }
 
     private func produce(topic: String, key: [UInt8]?, value: [UInt8], headers: [KafkaHeader],
@@ -128,9 +163,31 @@ final class PollLoopState: Sendable {
 }
 
 /// Carries a `send` continuation through librdkafka's `msg_opaque`.
+/// What a delivery report is handed to (the message's opaque pointer in librdkafka).
 final class DeliveryBox: Sendable {
-    let continuation: CheckedContinuation<Result<DeliveryReport, KafkaError>, Never>
-    init(_ continuation: CheckedContinuation<Result<DeliveryReport, KafkaError>, Never>) { self.continuation = continuation }
+    let deliver: @Sendable (Result<DeliveryReport, KafkaError>) -> Void
+    init(_ deliver: @escaping @Sendable (Result<DeliveryReport, KafkaError>) -> Void) { self.deliver = deliver }
+}
+
+/// The reports of several messages sent together; `done` hears them all once the last is in.
+final class DeliveryReports: Sendable {
+    private let state: Mutex<(results: [Result<DeliveryReport, KafkaError>?], left: Int)>
+    private let done: @Sendable ([Result<DeliveryReport, KafkaError>]) -> Void
+
+    init(count: Int, done: @escaping @Sendable ([Result<DeliveryReport, KafkaError>]) -> Void) {
+        state = Mutex((Array(repeating: nil, count: count), count))
+        self.done = done
+    }
+
+    func deliver(_ index: Int, _ result: Result<DeliveryReport, KafkaError>) {
+        let all = state.withLock { s -> [Result<DeliveryReport, KafkaError>]? in
+            guard s.results[index] == nil else { return nil }
+            s.results[index] = result
+            s.left -= 1
+            return s.left == 0 ? s.results.map { $0! } : nil
+        }
+        if let all { done(all) }
+    }
 }
 
 private let deliveryCallback: @convention(c) (OpaquePointer?, UnsafePointer<rd_kafka_message_t>?, UnsafeMutableRawPointer?) -> Void = {
@@ -139,8 +196,8 @@ private let deliveryCallback: @convention(c) (OpaquePointer?, UnsafePointer<rd_k
     let box = Unmanaged<DeliveryBox>.fromOpaque(opaque).takeRetainedValue()
     let m = message.pointee
     if m.err == RD_KAFKA_RESP_ERR_NO_ERROR {
-        box.continuation.resume(returning: .success(DeliveryReport(partition: m.partition, offset: m.offset)))
+        box.deliver(.success(DeliveryReport(partition: m.partition, offset: m.offset)))
     } else {
-        box.continuation.resume(returning: .failure(KafkaError.code(m.err, "delivery failed", kind: .delivery)))
+        box.deliver(.failure(KafkaError.code(m.err, "delivery failed", kind: .delivery)))
     }
 }

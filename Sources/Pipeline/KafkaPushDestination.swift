@@ -31,21 +31,62 @@ public struct KafkaPushDestination: PushDestination {
     }
 
     public func persist(_ message: IntakeMessage) async -> PushOutcome {
-        guard let checked = await processor.check([IntakeRecord(message, acknowledgement: Unanswered())]).first else {
-            return .unavailable
+        await persist(all: [message])[0]
+    }
+
+    /// Verified together, then produced in their order, all in flight at once: one subject's
+    /// events keep their order on its partition, and a cluster that cannot be reached costs one
+    /// delivery timeout for the whole poll answer, not one per SET.
+    public func persist(all messages: [IntakeMessage]) async -> [PushOutcome] {
+        let checked = await processor.check(messages.map { IntakeRecord($0, acknowledgement: Unanswered()) })
+        guard checked.count == messages.count else { return messages.map { _ in .unavailable } }
+        var outcomes: [PushOutcome?] = []
+        var outgoing: [(index: Int, jti: String, message: KafkaProducer.Outgoing)] = []
+        for (i, (message, checked)) in zip(messages, checked).enumerated() {
+            switch await prepare(message, checked) {
+            case .answered(let outcome):
+                outcomes.append(outcome)
+            case .produce(let jti, let produced):
+                outcomes.append(nil)
+                outgoing.append((i, jti, produced))
+            }
         }
+        let reports = await producer.send(all: outgoing.map(\.message))
+        for (sent, report) in zip(outgoing, reports) {
+            switch report {
+            case .success:
+                outcomes[sent.index] = .accepted
+            case .failure(let error):
+                processor.metrics.counter("warden_push_produce_failures_total").increment()
+                processor.logger.warning("pushed token not produced; its sender is told to try again", metadata: [
+                    "warden.topic": "\(topic)", "warden.reason": "\(error.description)", "warden.jti": "\(sent.jti)",
+                ])
+                outcomes[sent.index] = .unavailable
+            }
+        }
+        return outcomes.map { $0 ?? .unavailable }
+    }
+
+    private enum Prepared {
+        case answered(PushOutcome)
+        case produce(jti: String, KafkaProducer.Outgoing)
+    }
+
+    /// What a checked SET comes to before producing: refused, unavailable, or the message to produce.
+    private func prepare(_ message: IntakeMessage, _ checked: EventProcessor.Checked) async -> Prepared {
         switch checked.result {
         case .failure(let error) where error.isRetryable:
-            return .unavailable
+            return .answered(.unavailable)
         case .failure(let error):
-            return await refuse(message, code: error.reportedCode, description: error.description)
+            return .answered(await refuse(message, code: error.reportedCode, description: error.description))
         case .success(let verified):
             let token = verified.set.token
             // A verification event's state is checked here: its sender hears invalid_state.
             switch await processor.verificationState(of: token, maximumAttempts: Self.ledgerAttempts) {
             case .taken: break
-            case .refused(let description): return await refuse(message, code: SETErrorCode.invalidState.rawValue, description: description)
-            case .stopped: return .unavailable
+            case .refused(let description):
+                return .answered(await refuse(message, code: SETErrorCode.invalidState.rawValue, description: description))
+            case .stopped: return .answered(.unavailable)
             }
             let headers = [
                 KafkaHeader("content-type", "application/secevent+jwt"),
@@ -53,17 +94,8 @@ public struct KafkaPushDestination: PushDestination {
                 KafkaHeader(Self.sourceHeader, message.source),
                 KafkaHeader("received-at", Self.timestamp(message.receivedAt)),
             ]
-            do {
-                _ = try await producer.send(topic: topic, key: Array(Self.key(token).utf8),
-                                            value: Array(trimmedASCIIWhitespace(message.value)), headers: headers)
-                return .accepted
-            } catch {
-                processor.metrics.counter("warden_push_produce_failures_total").increment()
-                processor.logger.warning("pushed token not produced; its sender is told to try again", metadata: [
-                    "warden.topic": "\(topic)", "warden.reason": "\(error.description)", "warden.jti": "\(token.jti)",
-                ])
-                return .unavailable
-            }
+            return .produce(jti: token.jti, KafkaProducer.Outgoing(topic: topic, key: Array(Self.key(token).utf8),
+                                                                   value: Array(trimmedASCIIWhitespace(message.value)), headers: headers))
         }
     }
 

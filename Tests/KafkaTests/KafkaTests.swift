@@ -94,6 +94,23 @@ struct KafkaTests {
         try await run
     }
 
+    /// Messages sent together land in their order, each with its report; a cluster that cannot
+    /// be reached fails every one of them (none waits forever).
+    @Test func messagesSentTogetherKeepTheirOrderAndEachIsReported() async throws {
+        let cluster = try EmbeddedKafkaCluster(topics: [("t3", 1)], logger: Self.logger)
+        let producer = try KafkaProducer(bootstrapServers: cluster.bootstrapServers, logger: Self.logger)
+        let reports = await producer.send(all: (0..<20).map { KafkaProducer.Outgoing(topic: "t3", key: Array("k".utf8), value: Array("v\($0)".utf8)) })
+        #expect(try reports.map { try $0.get().offset } == (0..<20).map(Int64.init))
+        #expect(await producer.send(all: []).isEmpty)
+        producer.close()
+
+        let nowhere = try KafkaProducer(bootstrapServers: "127.0.0.1:1", properties: ["message.timeout.ms": "500"], logger: Self.logger)
+        let failed = await nowhere.send(all: (0..<5).map { KafkaProducer.Outgoing(topic: "t3", key: nil, value: Array("x\($0)".utf8)) })
+        #expect(failed.count == 5)
+        #expect(failed.allSatisfy { if case .failure = $0 { true } else { false } })
+        nowhere.close()
+    }
+
     @Test func unknownPropertyIsRefusedByName() throws {
         #expect {
             _ = try KafkaProducer(bootstrapServers: "127.0.0.1:1", properties: ["no.such.property": "1"], logger: Self.logger)
