@@ -513,16 +513,16 @@ struct CoreTests {
     // renewed while the call is under way, so another process cannot take the event's steps
     // up and run the same step again meanwhile.
     @Test func aLeaseIsKeptWhileALongCallIsUnderWay() async throws {
-        let world = World(steps: StepRunner.Configuration(lease: .seconds(2)))
+        let world = World(steps: StepRunner.Configuration(lease: .seconds(3)))
         world.executor.hold("slow")
         let door = HandDoor()
         let running = Task { await world.pipeline.run(door.stream) }
         door.feed([Self.token(Self.issuerA, "slow", jti: "long", key: Self.keyA)])
         #expect(await eventually { world.executor.waiting("slow") == 1 })
         let id = try #require(world.ledger.event("long")).id
-        // Three leases' time, the call still under way.
-        for _ in 0..<3 {
-            try await Task.sleep(for: .seconds(2))
+        // Two leases' time, the call still under way.
+        for _ in 0..<2 {
+            try await Task.sleep(for: .seconds(3))
             #expect(try await !world.ledger.lease(event: id, owner: "another-process", seconds: 60))
         }
         world.executor.release("slow")
@@ -535,10 +535,10 @@ struct CoreTests {
     }
 
     // A burst of events whose calls all outlast their leases, on a ledger where each lease
-    // write takes 50 ms: renewed one after another the last would run out; every one of them
-    // stays held.
+    // write takes 50 ms: renewed one after another (3 s for all) the last would run out; every
+    // one of them stays held.
     @Test func theLeasesOfABurstAreAllKeptOnASlowLedger() async throws {
-        let world = World(steps: StepRunner.Configuration(lease: .seconds(2)))
+        let world = World(steps: StepRunner.Configuration(lease: .seconds(4)))
         world.ledger.state.withLock { $0.leaseDelay = .milliseconds(50) }
         let users = (0..<60).map { "burst-\($0)" }
         for user in users { world.executor.hold(user) }
@@ -548,7 +548,7 @@ struct CoreTests {
         #expect(await eventually { users.allSatisfy { world.executor.waiting($0) == 1 } })
         let ids = try users.map { try #require(world.ledger.event($0)).id }
         for _ in 0..<2 {
-            try await Task.sleep(for: .seconds(2))
+            try await Task.sleep(for: .seconds(4))
             var taken = 0
             for id in ids where try await world.ledger.lease(event: id, owner: "another-process", seconds: 0.001) { taken += 1 }
             #expect(taken == 0, "leases that ran out")
