@@ -815,8 +815,10 @@ final class OutcomeWriter: Sendable {
 /// Keeps the leases of events whose steps are under way from running out during a call. A call
 /// may last longer than what is left of a lease when it starts (a webhook's timeout is as long
 /// as a whole lease by default), and another process must not take the event's steps up and
-/// run the same step meanwhile. One task renews every lease held this way once half of it is
-/// gone; it runs only while calls are under way, and ends a tick after the last one.
+/// run the same step meanwhile. One task renews every lease held this way once a third of it is
+/// gone, looking every tenth of a lease: two thirds of a lease (about 6.7 s by default) are left
+/// for a busy machine to run the renewal. It runs only while calls are under way, and ends a
+/// tick after the last one.
 final class LeaseKeeper: Sendable {
     private struct State {
         /// Until when each event's lease runs, by holding: one call, or one call for many events.
@@ -858,7 +860,7 @@ final class LeaseKeeper: Sendable {
 
     private func renew() async {
         while true {
-            try? await Task.sleep(for: .seconds(seconds / 6))
+            try? await Task.sleep(for: .seconds(seconds / 10))
             let now = Date().timeIntervalSince1970
             let due = state.withLock { s -> Set<Int64>? in
                 if s.held.isEmpty {
@@ -867,7 +869,7 @@ final class LeaseKeeper: Sendable {
                 }
                 var due = Set<Int64>()
                 for leases in s.held.values {
-                    for (eventID, until) in leases where until - now < seconds / 2 { due.insert(eventID) }
+                    for (eventID, until) in leases where until - now < seconds * 2 / 3 { due.insert(eventID) }
                 }
                 return due
             }

@@ -535,12 +535,12 @@ struct CoreTests {
     }
 
     // A burst of events whose calls all outlast their leases, on a ledger where each lease
-    // write takes 50 ms: renewed one after another (3 s for all) the last would run out; every
+    // write takes 50 ms: renewed one after another (5 s for all) the last would run out; every
     // one of them stays held.
     @Test func theLeasesOfABurstAreAllKeptOnASlowLedger() async throws {
         let world = World(steps: StepRunner.Configuration(lease: .seconds(4)))
         world.ledger.state.withLock { $0.leaseDelay = .milliseconds(50) }
-        let users = (0..<60).map { "burst-\($0)" }
+        let users = (0..<100).map { "burst-\($0)" }
         for user in users { world.executor.hold(user) }
         let door = HandDoor()
         let running = Task { await world.pipeline.run(door.stream) }
