@@ -177,17 +177,30 @@ extension WardenCommand {
                 }
             }
             do {
+                // A log that cannot be read on: what was read before is still compared, then
+                // the replay stops with the error.
+                var readFailure: (any Error)? = nil
+                func read() -> [ReplayEntry] {
+                    guard readFailure == nil else { return [] }
+                    do {
+                        return try source.next(limit: Self.batchSize)
+                    } catch {
+                        readFailure = error
+                        return []
+                    }
+                }
                 // The next batch is read and verified while the last one is compared with the ledger.
-                var batch = try source.next(limit: Self.batchSize)
+                var batch = read()
                 var verifying = Task { [batch] in await Replayer.verify(batch, with: verifier) }
                 while !batch.isEmpty {
-                    let next = try source.next(limit: Self.batchSize)
+                    let next = read()
                     let results = await verifying.value
                     verifying = Task { [next] in await Replayer.verify(next, with: verifier) }
                     write(try await replayer.classify(batch, results))
                     progress.update(entries: replayer.statistics.entries, source: source.progress)
                     batch = next
                 }
+                if let readFailure { throw readFailure }
                 if let topic {
                     try await replayer.eventsNotInLog(topic: topic, from: from.flatMap(RFC3339.parse) ?? 0,
                                                       to: to.flatMap(RFC3339.parse) ?? .infinity,
@@ -214,6 +227,10 @@ extension WardenCommand {
             if let reportFile, !reportBuffer.isEmpty { reportFile.write(Data(reportBuffer.utf8)) }
             let statistics = replayer.statistics
             print(statistics.summary)
+            if statistics.entries == 0, let file {
+                // Nothing to compare is no finding that nothing is missing.
+                standardError("warden: \(file) holds no entries; nothing was compared — is this the right log?\n")
+            }
             if statistics.untokened > 0 {
                 FileHandle.standardError.write(Data(("warden: \(statistics.untokened) of \(statistics.entries) entries held no token "
                     + "(the first at \(statistics.firstUntokened ?? "?")); they are reported invalid — is this the right log?\n").utf8))

@@ -57,6 +57,8 @@ struct FileReplaySource: ReplaySource {
     private var lineTooLong = false
     private var lineNumber = 0
     private var ended = false
+    /// A read error met after some entries of a batch: thrown by the next call.
+    private var failure: (any Error)? = nil
     /// Tokens longer than this are refused for their size alone, and not kept: a batch of long
     /// lines holds little.
     private let maximumTokenBytes: Int
@@ -79,8 +81,24 @@ struct FileReplaySource: ReplaySource {
     var progress: (done: Double, total: Double?) { (Double(gzoffset(file)), size > 0 ? size : nil) }
 
     mutating func next(limit: Int) throws -> [ReplayEntry] {
+        if let failure {
+            self.failure = nil
+            throw failure
+        }
         var entries: [ReplayEntry] = []
-        while entries.count < limit, let (number, bytes, tooLong) = try nextLine() {
+        while entries.count < limit {
+            let line: (Int, [UInt8], Bool)?
+            do {
+                line = try nextLine()
+            } catch {
+                // What was read whole before the damage is replayed; the error comes next.
+                guard entries.isEmpty else {
+                    failure = error
+                    return entries
+                }
+                throw error
+            }
+            guard let (number, bytes, tooLong) = line else { break }
             let trimmed = trimmedASCIIWhitespace(bytes)
             if trimmed.isEmpty, !tooLong { continue }
             let position = "line \(number)"

@@ -146,6 +146,15 @@ struct ReplayTests {
         let short = try await Self.replay(setup.config, cut)
         #expect(short.status == 3, "\(short.stdout)")
         #expect(short.stdout.contains("cut short"), "\(short.stdout)")
+        // What could be read whole before the cut was still compared and reported.
+        #expect(!short.lines.isEmpty && short.lines.count < 8, "\(short.lines.count) lines reported")
+        #expect(short.lines.first?["jti"]?.stringValue == "done-1")
+        // An empty log is said to be one.
+        let empty = setup.directory.appendingPathComponent("empty.log")
+        try "".write(to: empty, atomically: true, encoding: .utf8)
+        let none = try await Self.replay(setup.config, empty)
+        #expect(none.status == 0)
+        #expect(none.stdout.contains("holds no entries"), "\(none.stdout)")
 
         // The audit trail holds every outcome, and exports as the schema says.
         let verified = try await Warden.run(["audit", "verify", "--config", setup.config.path])
