@@ -124,8 +124,10 @@ public struct PostgresLocation: Sendable, Hashable, CustomStringConvertible {
         } catch {
             return .failure(error)
         }
-        return .success(PostgresLocation(host: host, port: c.port ?? 5432, username: user.removingPercentEncoding ?? user,
-                                         password: c.password.map { $0.removingPercentEncoding ?? $0 }, database: database, tls: tls))
+        // `URLComponents` gives the user and password decoded already: decoding again would
+        // turn a password holding `%41` into one holding `A`.
+        return .success(PostgresLocation(host: host, port: c.port ?? 5432, username: user,
+                                         password: c.password, database: database, tls: tls))
     }
 
     private static func read<T>(_ parameter: String, _ path: String, _ load: (String) throws -> T) throws(LocationError) -> T {

@@ -37,7 +37,10 @@ public final class IntakeProgress: Sendable {
     public func stall(after seconds: Double) -> String? {
         let count = waiting.load(ordering: .relaxed)
         guard count > 0 else { return nil }
-        let idle = Double(DispatchTime.now().uptimeNanoseconds &- moved.load(ordering: .relaxed)) / 1e9
+        // `moved` first: read after now, a message finished in between would make it later.
+        let last = moved.load(ordering: .relaxed)
+        let now = DispatchTime.now().uptimeNanoseconds
+        let idle = now > last ? Double(now - last) / 1e9 : 0
         guard idle > seconds else { return nil }
         return "intake stalled: \(count) message(s) waiting, none finished for \(Int(idle)) s (stall-timeout \(Int(seconds)) s)"
     }

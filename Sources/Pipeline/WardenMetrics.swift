@@ -63,8 +63,11 @@ public final class WardenMetrics: Sendable {
     public func deadLettered() { deadLetters.increment() }
 
     /// `warden_stream_status{issuer,status}`: 1 for the stream's current status, 0 for the others.
+    /// A status other than enabled, paused or disabled (a transmitter's own word) is `other`:
+    /// a label value a sender chooses would make a new series every time.
     func streamStatus(issuer: String, status: String) {
-        for known in Set(["enabled", "paused", "disabled", status]) {
+        let status = ["enabled", "paused", "disabled"].contains(status) ? status : "other"
+        for known in ["enabled", "paused", "disabled", "other"] {
             gauge("warden_stream_status", [("issuer", issuer), ("status", known)]).record(known == status ? 1 : 0)
         }
     }

@@ -222,7 +222,11 @@ struct ConfigReader {
         guard let text = try string()?.trimmingCharacters(in: .whitespaces) else { return nil }
         let units: [(String, Int)] = [("KiB", 1024), ("MiB", 1024 * 1024), ("KB", 1000), ("MB", 1_000_000), ("B", 1)]
         for (suffix, scale) in units where text.hasSuffix(suffix) {
-            if let n = Int(text.dropLast(suffix.count).trimmingCharacters(in: .whitespaces)), n > 0 { return n * scale }
+            if let n = Int(text.dropLast(suffix.count).trimmingCharacters(in: .whitespaces)), n > 0 {
+                let (bytes, overflow) = n.multipliedReportingOverflow(by: scale)
+                guard !overflow else { throw error("\"\(text)\" is more bytes than this machine can count") }
+                return bytes
+            }
         }
         if let n = Int(text), n > 0 { return n }
         throw error("\"\(text)\" is not a size (examples: 65536, 64KiB, 1MiB)")

@@ -106,7 +106,9 @@ struct ConfigurationReload: Service {
         let sections: [(String, Bool)] = [
             ("issuers", fresh.issuers != current.issuers), ("kafka", fresh.kafka != current.kafka),
             ("http", fresh.http != current.http), ("receiver", fresh.receiver != current.receiver),
-            ("ledger", fresh.ledger != current.ledger), ("max-token-size", fresh.maximumTokenBytes != current.maximumTokenBytes),
+            ("ledger", fresh.ledger != current.ledger), ("ledger.retention", fresh.ledgerRetention != current.ledgerRetention),
+            ("http-client", fresh.outboundCAFile != current.outboundCAFile),
+            ("max-token-size", fresh.maximumTokenBytes != current.maximumTokenBytes),
         ]
         needsRestart += sections.filter(\.1).map(\.0)
         return (applied, needsRestart)

@@ -509,6 +509,22 @@ struct CoreTests {
         #expect(event.leaseUntil <= Date().timeIntervalSince1970)
     }
 
+    // A stream status a transmitter makes up is counted as `other`: a label value the sender
+    // chooses would add a series to /metrics every time.
+    @Test func aStreamStatusOutsideTheKnownOnesIsOther() {
+        let registry = PrometheusCollectorRegistry()
+        let metrics = WardenMetrics(factory: PrometheusMetricsFactory(registry: registry))
+        for i in 0..<3 { metrics.streamStatus(issuer: Self.issuerA, status: "made-up-\(i)") }
+        metrics.streamStatus(issuer: Self.issuerA, status: "paused")
+        var text: [UInt8] = []
+        registry.emit(into: &text)
+        let lines = String(decoding: text, as: UTF8.self).split(separator: "\n").filter { $0.hasPrefix("warden_stream_status{") }
+        #expect(lines.count == 4, "\(lines)")
+        #expect(!lines.contains { $0.contains("made-up") })
+        #expect(lines.contains { $0.contains(#"status="paused"} 1"#) })
+        #expect(lines.contains { $0.contains(#"status="other"} 0"#) })
+    }
+
     // A call that lasts longer than the event's lease (a slow webhook): the lease is kept
     // renewed while the call is under way, so another process cannot take the event's steps
     // up and run the same step again meanwhile.

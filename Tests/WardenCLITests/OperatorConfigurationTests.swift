@@ -91,6 +91,21 @@ struct OperatorConfigurationTests {
         #expect(try parse("ledger: \"sqlite:ledger.sqlite\"\n").ledger != nil)
     }
 
+    /// A password is decoded once, as a URL gives it: `%41` in a secret stays `%41`.
+    @Test func aDatabasePasswordIsDecodedOnce() throws {
+        let inline = try parse("ledger: \"postgres://w:a%2541b@db/w\"\n")
+        guard case .postgres(let ledger)? = inline.ledger else { Issue.record("a PostgreSQL ledger expected"); return }
+        #expect(ledger.password == "a%41b")
+        let fromFile = try parse("ledger: {url: \"postgres://w@db/w\", password-file: p}\n", files: ["p": "a%41b%zz\n"])
+        guard case .postgres(let filed)? = fromFile.ledger else { Issue.record("a PostgreSQL ledger expected"); return }
+        #expect(filed.password == "a%41b%zz")
+    }
+
+    /// A size too large to count is a configuration error, not a trap (also on reload).
+    @Test func aSizeTooLargeToCountIsRefused() {
+        #expect(error("max-token-size: 99999999999999MiB\n").contains("more bytes than this machine can count"))
+    }
+
     @Test func retentionNeedsEveryIssuerToRefuseTokensOlderThanIt() throws {
         #expect(try parse("ledger: \"sqlite:l.sqlite\"\n").ledgerRetention == nil)
         #expect(error("ledger: {url: \"sqlite:l.sqlite\", retention: 90d}\n")
