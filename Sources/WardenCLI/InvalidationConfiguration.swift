@@ -199,6 +199,9 @@ public struct InvalidationConfiguration: Sendable {
         }
         if endpoint.tls != nil, !files.isEmpty {
             endpoint.tls = RedisTLSSettings(caFile: files["ca-file"], certificateFile: files["cert-file"], keyFile: files["key-file"])
+            // Loaded now: a file that is no PEM (a truncated renewal) is refused at start, by
+            // check-config and by a reload, not found by every step once running.
+            if let problem = RedisClient.tlsProblem(endpoint) { throw r.error(problem) }
         }
     }
 

@@ -3,6 +3,7 @@ import Invalidation
 import Redis
 import SecurityEvents
 import Testing
+import WardenTestSupport
 @testable import WardenCLI
 
 @Suite("Targets, token stores, subjects and policy in the configuration")
@@ -91,14 +92,19 @@ struct InvalidationConfigTests {
     }
 
     // TLS files beside the URL, or inside the map form; relative to the configuration file.
-    @Test func redisOverTLS() throws {
+    @Test func redisOverTLS() async throws {
+        let certificates = try await TestCertificates.shared()
+        let client = try await certificates.issue("redis-config-client-\(UUID().uuidString.prefix(6))", subjectAlternativeNames: [], client: true)
+        func contents(_ path: String) throws -> String { try String(contentsOfFile: path, encoding: .utf8) }
+        let pem = ["ca.pem": try contents(certificates.caFile), "client.pem": try contents(client.certificateFile),
+                   "client-key.pem": try contents(client.keyFile)]
         let c = try parse("""
             targets:
               sessions: {redis: "rediss://cache.internal:6380/0", ca-file: ca.pem, cert-file: client.pem, key-file: client-key.pem}
               tokens: {redis: {url: "rediss://:pw@tokens.internal/3", ca-file: ca.pem, pool-size: 2}}
               system: {redis: "rediss://managed.example"}
               plain: {redis: "redis://127.0.0.1"}
-            """, files: ["ca.pem": "ca", "client.pem": "cert", "client-key.pem": "key"])
+            """, files: pem)
         guard case .redis(let sessions)? = c.targets["sessions"], case .redis(let tokens)? = c.targets["tokens"],
               case .redis(let system)? = c.targets["system"], case .redis(let plain)? = c.targets["plain"]
         else { Issue.record("four redis targets expected"); return }
@@ -111,6 +117,11 @@ struct InvalidationConfigTests {
         #expect(system.tls == RedisTLSSettings())  // the system's authorities
         #expect(plain.tls == nil)
         #expect(sessions.summary == "rediss://cache.internal:6380/0")
+        // Files that are no PEM (a renewal cut short) are refused now, not by every step later.
+        let broken = "targets: {s: {redis: \"rediss://h:6380\", ca-file: ca.pem}}"
+        #expect(error(broken, files: ["ca.pem": "-----BEGIN CERTIFICATE-----\nMIIB"]).contains("targets.s: Redis at h:6380: cannot read"))
+        #expect(error("targets: {s: {redis: \"rediss://h:6380\", cert-file: c.pem, key-file: k.pem}}",
+                      files: ["c.pem": pem["client.pem"]!, "k.pem": "not a key"]).contains("cannot read"))
     }
 
     @Test func errorsNameTheKeyAtFault() {
