@@ -25,8 +25,12 @@ public struct HealthServer: Sendable {
     /// nil while the process is live; otherwise why it is not (`/healthz` answers 503 with it).
     public var liveness: @Sendable () -> String?
 
+    /// How long an idle connection is kept (the receiver's `idle-timeout` when it shares this address).
+    public var idleTimeout: Double
+
     public init(host: String, port: Int, checks: [Check], metricsText: @escaping @Sendable () -> [UInt8],
-                liveness: @escaping @Sendable () -> String? = { nil }) {
+                liveness: @escaping @Sendable () -> String? = { nil }, idleTimeout: Double = PushReceiver.Settings.defaultIdleTimeout) {
+        self.idleTimeout = idleTimeout
         self.host = host
         self.port = port
         self.checks = checks
@@ -57,7 +61,7 @@ public struct HealthServer: Sendable {
             Response(status: .ok, headers: [.contentType: "text/plain; version=0.0.4"],
                      body: .init(byteBuffer: ByteBuffer(bytes: metricsText())))
         }
-        return Application(router: router, server: .http1(idleTimeout: PushReceiver.Settings.defaultIdleTimeout),
+        return Application(router: router, server: .http1(idleTimeout: idleTimeout),
                            configuration: .init(address: .hostname(host, port: port)),
                            onServerRunning: { channel in onListening(channel.localAddress?.port ?? 0) },
                            logger: logger)

@@ -69,6 +69,9 @@ struct Worker {
     let logger: Logger
 
     func run() async throws {
+        // A SIGHUP while starting (the embedded cluster, the ledger) is ignored rather than
+        // ending the process: the reload service takes the signal once it runs.
+        signal(SIGHUP, SIG_IGN)
         var cluster: EmbeddedKafkaCluster? = nil
         var brokers = configuration.kafka?.brokers ?? ""
         if let kafka = configuration.kafka, kafka.isEmbedded {
@@ -182,6 +185,7 @@ struct Worker {
         var receiverRoutes: (Router<WardenRequestContext>) -> Void = { _ in }
         // When the receiver shares the health server's address: it listens when that one does.
         var onSharedListening: @Sendable () -> Void = {}
+        var sharedReceiverIdleTimeout: Double? = nil
         if let settings = configuration.receiver, let destination {
             let receiver = PushReceiver(
                 settings: .init(host: settings.host, port: settings.port, path: settings.path, bearerTokens: settings.bearerTokens,
@@ -194,6 +198,7 @@ struct Worker {
                 + (configuration.kafka.map { ", onto topic \($0.topic)" } ?? ", into the ledger") + ")"
             if settings.host == configuration.http.host, settings.port == configuration.http.port, settings.port != 0 {
                 receiverRoutes = receiver.addRoutes
+                sharedReceiverIdleTimeout = settings.idleTimeout
                 onSharedListening = {
                     listening.listened = true
                     announce("receiver: \(settings.host):\(settings.port) \(summary), with /healthz, /readyz and /metrics")
@@ -233,7 +238,9 @@ struct Worker {
                 }
                 return MetricHelp.annotate(registry.emitToBuffer())
             },
-            liveness: { [stallTimeout = configuration.http.stallTimeout] in metrics.progress.stall(after: stallTimeout) })
+            liveness: { [stallTimeout = configuration.http.stallTimeout] in metrics.progress.stall(after: stallTimeout) },
+            // Sharing its address, the receiver's idle timeout is this server's.
+            idleTimeout: sharedReceiverIdleTimeout ?? PushReceiver.Settings.defaultIdleTimeout)
         let http = health.service(logger: logger, routes: receiverRoutes) { [onSharedListening] port in
             announce("http: \(configuration.http.host):\(port) (/healthz, /readyz, /metrics)")
             onSharedListening()

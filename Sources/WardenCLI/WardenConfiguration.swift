@@ -54,7 +54,7 @@ public struct WardenConfiguration: Sendable {
     /// Top-level sections of the product's configuration. Sections other parts of Warden read
     /// are accepted here and validated by those parts.
     static let topLevelKeys = ["issuers", "max-token-size", "kafka", "http", "receiver", "ledger", "subjects",
-                               "targets", "token-stores", "policy", "poll", "logging", "http-client"]
+                               "targets", "token-stores", "policy", "logging", "http-client"]
     static let issuerKeys = ["issuer", "discovery", "jwks-uri", "jwks_uri", "jwks-file", "audiences", "algorithms",
                              "profile", "fetch-timeout", "clock-skew", "max-age", "key-refresh-cooldown",
                              "key-retry-interval", "max-key-staleness", "min-key-lifetime", "max-key-lifetime", "stream"]
@@ -82,6 +82,10 @@ public struct WardenConfiguration: Sendable {
     public static func parse(yaml: String, environment: [String: String] = [:],
                              baseDirectory: URL = URL(fileURLWithPath: ".")) throws(ConfigError) -> WardenConfiguration {
         let root = ConfigReader(tree: try ConfigTree.parse(yaml: yaml), environment: environment, baseDirectory: baseDirectory)
+        // Accepted once and read by nothing: an operator would believe it polled.
+        if root.child("poll").isPresent {
+            throw root.child("poll").error("polling is set per issuer: issuers[].stream.delivery: {method: poll}")
+        }
         try root.requireOnly(topLevelKeys)
 
         var issuers: [IssuerPolicy] = []

@@ -106,6 +106,11 @@ struct OperatorConfigurationTests {
         #expect(error("max-token-size: 99999999999999MiB\n").contains("more bytes than this machine can count"))
     }
 
+    /// A top-level `poll` section was once accepted and read by nothing; it now says where polling is set.
+    @Test func aTopLevelPollSectionSaysWherePollingIsSet() {
+        #expect(error("poll: {interval: 5s}\n").contains("poll: polling is set per issuer: issuers[].stream.delivery: {method: poll}"))
+    }
+
     @Test func retentionNeedsEveryIssuerToRefuseTokensOlderThanIt() throws {
         #expect(try parse("ledger: \"sqlite:l.sqlite\"\n").ledgerRetention == nil)
         #expect(error("ledger: {url: \"sqlite:l.sqlite\", retention: 90d}\n")
