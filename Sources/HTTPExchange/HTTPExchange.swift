@@ -33,12 +33,8 @@ public struct HTTPExchangeError: Error, Sendable, CustomStringConvertible {
     public var head: HTTPExchange? = nil
 
     /// A slow or unreachable server may answer later; an oversized body will be oversized
-    /// again — unless the server said it is busy or failing (429, 5xx: an error page).
-    public var isRetryable: Bool {
-        guard kind == .tooLarge else { return true }
-        guard let code = head?.status.code else { return false }
-        return code == 429 || (500..<600).contains(code)
-    }
+    /// again. (Callers that need only the status judge `head` themselves.)
+    public var isRetryable: Bool { kind != .tooLarge }
 }
 
 extension HTTPClient {

@@ -53,26 +53,41 @@ struct OffsetTracker: Sendable {
     private(set) var partitions: [TopicPartition: Partition] = [:]
     private var generation: UInt64 = 0
 
+    /// Over every partition, kept as messages come and go (read for every message finished):
+    /// in flight and not waiting aside, and offsets still held behind the commit points.
+    private var active = 0
+    private var tracked = 0
+
     var inFlight: Int { partitions.values.reduce(0) { $0 + $1.inFlight } }
     /// What the fetch budget (`max-in-flight`, `budget`) counts: messages in flight and not
     /// waiting aside. A message waiting aside still holds its partition's commit point, and
     /// every later offset stays tracked behind it: once the offsets held so pass 64 budgets,
     /// the budget counts as full, so that span (and what a restart fetches again) stays bounded.
     func load(budget: Int) -> Int {
-        var active = 0, tracked = 0
-        for partition in partitions.values {
-            active += partition.inFlight - partition.aside
-            tracked += partition.offsets.count - partition.head
-        }
-        return tracked > budget * Self.spanBudgets ? max(active, budget) : active
+        tracked > budget * Self.spanBudgets ? max(active, budget) : active
     }
 
     static let spanBudgets = 64
 
+    /// A partition's share of `active` and `tracked`.
+    private func weight(_ tp: TopicPartition) -> (active: Int, tracked: Int) {
+        guard let partition = partitions[tp] else { return (0, 0) }
+        return (partition.inFlight - partition.aside, partition.offsets.count - partition.head)
+    }
+
+    /// Changes a partition in place and its share of the totals with it.
+    private mutating func change(_ tp: TopicPartition, _ body: (inout Partition) -> Void) {
+        let before = weight(tp)
+        body(&partitions[tp]!)
+        let after = weight(tp)
+        active += after.active - before.active
+        tracked += after.tracked - before.tracked
+    }
+
     /// A message handed out under `assignment` is put aside to wait for keys, or taken up again.
     mutating func setAside(_ tp: TopicPartition, assignment: PartitionAssignment?, _ aside: Bool) {
         guard let current = partitions[tp]?.assignment, assignment == nil || assignment === current else { return }
-        partitions[tp]!.aside = max(0, partitions[tp]!.aside + (aside ? 1 : -1))
+        change(tp) { $0.aside = max(0, $0.aside + (aside ? 1 : -1)) }
     }
 
     mutating func assigned(_ list: [TopicPartition]) {
@@ -86,7 +101,12 @@ struct OffsetTracker: Sendable {
     /// ignored, also once the partition is assigned again.
     @discardableResult
     mutating func revoked(_ list: [TopicPartition]) -> [PartitionAssignment] {
-        list.compactMap { tp in partitions.removeValue(forKey: tp)?.assignment }
+        list.compactMap { tp in
+            let share = weight(tp)
+            active -= share.active
+            tracked -= share.tracked
+            return partitions.removeValue(forKey: tp)?.assignment
+        }
     }
 
     /// Tracks a message about to be handed out and returns its assignment; nil if its partition
@@ -95,7 +115,7 @@ struct OffsetTracker: Sendable {
     /// no longer owns is made.
     mutating func handedOut(_ tp: TopicPartition, offset: Int64) -> PartitionAssignment? {
         guard partitions[tp] != nil else { return nil }
-        partitions[tp]!.handedOut(offset)
+        change(tp) { $0.handedOut(offset) }
         return partitions[tp]!.assignment
     }
 
@@ -109,7 +129,7 @@ struct OffsetTracker: Sendable {
     /// earlier assignment of the partition (revoked since) is ignored.
     mutating func finished(_ tp: TopicPartition, offset: Int64, assignment: PartitionAssignment?) {
         guard let current = partitions[tp]?.assignment, assignment == nil || assignment === current else { return }
-        partitions[tp]!.finished(offset)
+        change(tp) { $0.finished(offset) }
     }
 
     /// Partitions whose commit point moved since the last commit, with the offset to commit;

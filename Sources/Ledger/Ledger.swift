@@ -236,7 +236,8 @@ public enum EventOutcome: String, Sendable, CaseIterable {
 
 /// A message that did not verify.
 public struct Rejection: Sendable, Equatable {
-    /// The message value as received (not necessarily text).
+    /// The message value less the ASCII whitespace around it, as a token is read (not
+    /// necessarily text): its digest is the one replay compares.
     public var token: [UInt8]
     public var source: String
     /// RFC 8935 error code.
@@ -245,7 +246,7 @@ public struct Rejection: Sendable, Equatable {
     public var receivedAt: Double
 
     public init(token: [UInt8], source: String, code: String, description: String, receivedAt: Double) {
-        self.token = token
+        self.token = Array(trimmedASCIIWhitespace(token))
         self.source = source
         self.code = code
         self.description = description

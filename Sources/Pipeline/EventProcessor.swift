@@ -223,7 +223,7 @@ public struct EventProcessor: Sendable {
             case .invalid(let code, let description):
                 metrics.deadLettered()
                 admitted.append(Admitted(record: checked.record, verdict: verdict,
-                                         entry: .rejection(Rejection(token: Array(trimmedASCIIWhitespace(message.value)), source: message.source, code: code,
+                                         entry: .rejection(Rejection(token: message.value, source: message.source, code: code,
                                                                      description: description, receivedAt: message.receivedAt))))
             }
         }
@@ -350,7 +350,7 @@ public struct EventProcessor: Sendable {
                 let message = batch[i].record.message
                 let code = SETErrorCode.invalidRequest.rawValue
                 let description = "the ledger cannot store this event: \(error)"
-                let rejection = Rejection(token: Array(trimmedASCIIWhitespace(message.value)), source: message.source, code: code, description: description,
+                let rejection = Rejection(token: message.value, source: message.source, code: code, description: description,
                                           receivedAt: message.receivedAt)
                 switch await attempting("dead-letter", {
                     try await deadLetters.deadLetter(value: message.value, key: message.key, headers: message.headers,

@@ -106,7 +106,7 @@ public struct KafkaPushDestination: PushDestination {
             "warden.source": "\(message.source)", "warden.err": "\(code)", "warden.reason": "\(description)",
             "warden.token": "\(TokenDigest.short(message.value))",
         ])
-        let rejection = Rejection(token: Array(trimmedASCIIWhitespace(message.value)), source: message.source, code: code, description: description,
+        let rejection = Rejection(token: message.value, source: message.source, code: code, description: description,
                                   receivedAt: message.receivedAt)
         if case .stopped = await processor.attempting("ledger", maximumAttempts: Self.ledgerAttempts, {
             try await processor.ledger.recordRejection(rejection)

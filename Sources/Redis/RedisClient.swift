@@ -231,8 +231,6 @@ public final class RedisClient: Sendable {
         }
     }
 
-    /// The TLS context for the settings' files, or why it cannot be made (named, not retryable:
-    /// a missing or unreadable file does not heal by itself).
     /// Why the TLS settings' files cannot be used (not PEM, a key that does not match), or nil:
     /// for configuration to refuse them, rather than every step fail once running.
     public static func tlsProblem(_ settings: RedisConnectionSettings) -> String? {
@@ -240,6 +238,8 @@ public final class RedisClient: Sendable {
         return error.message
     }
 
+    /// The TLS context for the settings' files, or why it cannot be made (named, not retryable:
+    /// a missing or unreadable file does not heal by itself).
     private static func context(_ tls: RedisTLSSettings, _ settings: RedisConnectionSettings) -> Result<NIOSSLContext, RedisError> {
         var configuration = TLSConfiguration.makeClientConfiguration()
         configuration.minimumTLSVersion = .tlsv12

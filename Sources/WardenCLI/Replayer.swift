@@ -113,12 +113,7 @@ final class Replayer {
     static func retentionCutoff(ledger: any AuditingLedger, retention: Double?) async throws -> Double? {
         let recorded = try await ledger.retentionCutoff()
         let configured = retention.map { Date().timeIntervalSince1970 - $0 }
-        switch (recorded, configured) {
-        case (nil, nil): return nil
-        case (let a?, nil): return a
-        case (nil, let b?): return b
-        case (let a?, let b?): return max(a, b)
-        }
+        return [recorded, configured].compactMap { $0 }.max()
     }
 
     /// Verifies a batch on every core, on the verification threads the worker uses.

@@ -93,5 +93,8 @@ struct SkippedRecordTests {
         tracker.setAside(tp, assignment: assignment, false)
         tracker.finished(tp, offset: 0, assignment: nil)
         #expect(tracker.load(budget: 4) == 1)
+        // A revoked partition's messages leave the budget with it.
+        tracker.revoked([tp])
+        #expect(tracker.load(budget: 4) == 0)
     }
 }
