@@ -43,13 +43,21 @@ public struct JSONLogHandler: LogHandler {
         }
     }
 
-    /// JSON lines when standard error is not a terminal, swift-log's text otherwise. The level
+    /// The values of `WARDEN_LOG_FORMAT`; anything else is a configuration error.
+    public static let formats = ["json", "text"]
+
+    /// JSON lines when standard error is not a terminal, swift-log's text otherwise, unless
+    /// `WARDEN_LOG_FORMAT` says which (`json` or `text`). The level
     /// comes from `WARDEN_LOG_LEVEL`, else the configuration's `logging.level` (default info),
     /// and follows a reload (SIGHUP).
     public static func bootstrap(level configured: Logger.Level? = nil,
                                  environment: [String: String] = ProcessInfo.processInfo.environment) {
         LogLevelControl.current = LogLevelControl.level(configured: configured, environment: environment)
-        let json = isatty(FileHandle.standardError.fileDescriptor) == 0 || environment["WARDEN_LOG_FORMAT"] == "json"
+        let json = switch environment["WARDEN_LOG_FORMAT"] {
+        case "json": true
+        case "text": false
+        default: isatty(FileHandle.standardError.fileDescriptor) == 0
+        }
         LoggingSystem.bootstrap { label in
             var handler: any LogHandler = json ? JSONLogHandler(label: label) : StreamLogHandler.standardError(label: label)
             handler.logLevel = .trace  // the shared level decides

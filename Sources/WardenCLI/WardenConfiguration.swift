@@ -159,6 +159,9 @@ public struct WardenConfiguration: Sendable {
         if let level = root.environment["WARDEN_LOG_LEVEL"], Logger.Level(rawValue: level) == nil {
             throw ConfigError(path: "", "WARDEN_LOG_LEVEL: \"\(level.prefix(32))\" is not a level (\(Logger.Level.allCases.map(\.rawValue).joined(separator: ", ")))")
         }
+        if let format = root.environment["WARDEN_LOG_FORMAT"], !JSONLogHandler.formats.contains(format) {
+            throw ConfigError(path: "", "WARDEN_LOG_FORMAT: \"\(format.prefix(32))\" is not a log format (\(JSONLogHandler.formats.joined(separator: ", ")))")
+        }
         let read = root.consulted.names.withLock { $0 }.union(processVariables)
         for name in root.environment.keys.sorted() where name.hasPrefix("WARDEN_") && !read.contains(name) {
             let closest = read.min { ConfigReader.distance($0, name) < ConfigReader.distance($1, name) }

@@ -41,6 +41,9 @@ struct OperatorConfigurationTests {
             .contains("the environment variable WARDEN_KAFKA_TOPICS matches no configuration key (the closest is WARDEN_KAFKA_TOPIC)"))
         #expect(error(kafka, environment: ["WARDEN_HTTP_LISTN": "0.0.0.0:1"]).contains("(the closest is WARDEN_HTTP_LISTEN)"))
         #expect(error(kafka, environment: ["WARDEN_CONFIG": "/etc/warden.yaml", "WARDEN_LOG_FORMAT": "json"]) == "no error")
+        #expect(error(kafka, environment: ["WARDEN_LOG_FORMAT": "text"]) == "no error")
+        #expect(error(kafka, environment: ["WARDEN_LOG_FORMAT": "JSON"])
+            .contains("WARDEN_LOG_FORMAT: \"JSON\" is not a log format (json, text)"))
         #expect(error(kafka, environment: ["WARDEN_LOG_LEVEL": "verbose"])
             .contains("WARDEN_LOG_LEVEL: \"verbose\" is not a level (trace, debug, info, notice, warning, error, critical)"))
         // A section's own variable is not a value for it.
