@@ -429,8 +429,18 @@ public final class PostgresLedger: AuditingLedger {
         }
     }
 
+    /// A server that answers but takes no writes (a standby after a failover, a database set
+    /// `default_transaction_read_only`) is not: every claim would fail there.
     public func isReachable() async -> Bool {
-        (try? await transaction("ping") { connection in try await connection.query("SELECT 1", logger: self.logger) }) != nil
+        let readOnly = try? await transaction("ping") { connection in
+            var readOnly = true
+            for try await flag in try await connection.query(
+                "SELECT pg_is_in_recovery() OR current_setting('transaction_read_only') = 'on'", logger: self.logger).decode(Bool.self) {
+                readOnly = flag
+            }
+            return readOnly
+        }
+        return readOnly == false
     }
 
     /// Nothing to finish: every write is its own transaction. The pool closes when `run()` ends.

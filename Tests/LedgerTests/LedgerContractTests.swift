@@ -266,4 +266,31 @@ struct LedgerContractTests {
         #expect(try await again.events().count == 1)
         await again.close()
     }
+
+    /// `/readyz` asks the ledger whether it can be written: a PostgreSQL server that answers but
+    /// takes no writes (a standby after a failover) must not read ready.
+    @Test func aPostgresLedgerThatTakesNoWritesIsNotReady() async throws {
+        let storage = try await LedgerUnderTest(.postgres)
+        let ledger = try await storage.open()
+        #expect(await ledger.isReachable())
+        // Applies to the pool's open connections at their next transaction, once reloaded.
+        _ = try await storage.server!.psql("postgres", "ALTER SYSTEM SET default_transaction_read_only = on")
+        _ = try await storage.server!.psql("postgres", "SELECT pg_reload_conf()")
+        var ready = true
+        for _ in 0..<50 where ready {
+            ready = await ledger.isReachable()
+            if ready { try await Task.sleep(for: .milliseconds(100)) }
+        }
+        #expect(!ready, "a read-only PostgreSQL server still reads ready")
+        // Writes there fail, as readiness said.
+        await #expect(throws: LedgerError.self) { try await ledger.claim(E.event(jti: "a"), outcome: .pending, steps: []) }
+        _ = try await storage.server!.psql("postgres", "ALTER SYSTEM RESET default_transaction_read_only")
+        _ = try await storage.server!.psql("postgres", "SELECT pg_reload_conf()")
+        for _ in 0..<50 where !ready {
+            ready = await ledger.isReachable()
+            if !ready { try await Task.sleep(for: .milliseconds(100)) }
+        }
+        #expect(ready, "writable again, the ledger reads ready again")
+        await ledger.close()
+    }
 }
