@@ -26,7 +26,7 @@ public struct RedisStepExecutor: StepExecutor {
             switch action {
             case .purgeSet(let target, let set): return try await purgeSet(try client(target), target: target, set)
             case .purgeKeys(let target, let keys):
-                let removed = try await unlink(try client(target), keys)
+                let removed = try await unlink(try client(target), keys.map { Array($0.utf8) })
                 return .done("\(removed) of \(keys.count) keys deleted")
             case .purgePattern(let target, let pattern): return try await purgePattern(try client(target), pattern)
             case .setFlag(let target, let key, let value, let ttl):
@@ -217,22 +217,23 @@ public struct RedisStepExecutor: StepExecutor {
             throw StepFailure.refused(try describe(reply, "SSCAN"))
         }
         page.cursor = next
-        let keys = listed.compactMap(\.text)
+        // The members' bytes as listed: a key that is not UTF-8 is deleted as it is named.
+        let keys = listed.compactMap(\.bytes)
         page.members += keys.count
         if !keys.isEmpty { page.deleted += try await unlinkAndForget(client, set: set, keys) }
     }
 
-    func unlinkAndForget(_ client: RedisClient, set: String, _ keys: [String]) async throws(StepFailure) -> Int64 {
-        let replies = try await send(client, [["UNLINK"] + keys, ["SREM", set] + keys])
+    func unlinkAndForget(_ client: RedisClient, set: String, _ keys: [[UInt8]]) async throws(StepFailure) -> Int64 {
+        let replies = try await send(client, [[Array("UNLINK".utf8)] + keys, [Array("SREM".utf8), Array(set.utf8)] + keys])
         try check(replies)
         return replies[0].integer ?? 0
     }
 
-    /// UNLINKs keys in chunks; returns how many existed.
-    func unlink(_ client: RedisClient, _ keys: [String]) async throws(StepFailure) -> Int64 {
+    /// UNLINKs keys (their bytes) in chunks; returns how many existed.
+    func unlink(_ client: RedisClient, _ keys: [[UInt8]]) async throws(StepFailure) -> Int64 {
         var removed: Int64 = 0
         for start in stride(from: 0, to: keys.count, by: chunk) {
-            let replies = try await send(client, [["UNLINK"] + keys[start..<min(start + chunk, keys.count)]])
+            let replies = try await send(client, [[Array("UNLINK".utf8)] + keys[start..<min(start + chunk, keys.count)]])
             try check(replies)
             removed += replies[0].integer ?? 0
         }
@@ -248,7 +249,7 @@ public struct RedisStepExecutor: StepExecutor {
                 throw StepFailure.refused(try describe(reply, "SCAN"))
             }
             cursor = next
-            let keys = page.compactMap(\.text)
+            let keys = page.compactMap(\.bytes)
             if !keys.isEmpty { deleted += try await unlink(client, keys) }
         } while cursor != "0"
         return .done("\(deleted) keys matching \(pattern) deleted")
@@ -265,23 +266,27 @@ public struct RedisStepExecutor: StepExecutor {
             var deleted = 0
             for key in keys {
                 let location = try await checked(client, ["HGET", index, key])
-                guard let text = location.text, let slash = text.firstIndex(of: "/") else { continue }
-                let user = String(text[..<slash]), tokenID = String(text[text.index(after: slash)...])
-                let hash = settings.hash.replacingOccurrences(of: "{user}", with: user)
-                guard let held = try await checked(client, ["HGET", hash, tokenID]).text else {
-                    // A stale index entry: the token is gone already.
-                    try check(try await send(client, [["HDEL", index, key]]))
-                    continue
+                guard let text = location.text else { continue }
+                // `<user>/<token id>`: either may hold a slash, so each split is tried; the held
+                // value decides which is the token.
+                var found = false
+                for (user, tokenID) in Self.splits(text) {
+                    let hash = settings.hash(of: user)
+                    guard let held = try await checked(client, ["HGET", hash, tokenID]).text else { continue }
+                    found = true
+                    let identifiers = HeldTokenIdentifiers(token: held)
+                    guard reference.match(identifiers) != nil else { continue }
+                    try check(try await send(client, [["HDEL", hash, tokenID]]))
+                    try await forgetIndexEntries(client, index: index, identifiers.indexKeys, pointingTo: text)
+                    deleted += 1
                 }
-                let identifiers = HeldTokenIdentifiers(token: held)
-                guard reference.match(identifiers) != nil else { continue }
-                try check(try await send(client, [["HDEL", hash, tokenID], ["HDEL", index] + identifiers.indexKeys]))
-                deleted += 1
+                // A stale index entry: the token is gone already.
+                if !found { try await forgetIndexEntries(client, index: index, [key], pointingTo: text) }
             }
             return .done(deleted > 0 ? "held token \(reference) deleted" : "no held token matches \(reference)")
         }
         // Scan every hash of the store.
-        let pattern = Planner.globEscaped(settings.hash).replacingOccurrences(of: "{user}", with: "*")
+        let pattern = settings.hashPattern
         var cursor = "0", deleted = 0
         repeat {
             let reply = try await send(client, [["SCAN", cursor, "MATCH", pattern, "COUNT", String(chunk)]])[0]
@@ -289,20 +294,46 @@ public struct RedisStepExecutor: StepExecutor {
                 throw StepFailure.refused(try describe(reply, "SCAN"))
             }
             cursor = next
-            for hash in page.compactMap(\.text) {
-                let fields = try await checked(client, ["HGETALL", hash]).array ?? []
+            for hash in page.compactMap(\.bytes) {
+                let fields = try await checked(client, [Array("HGETALL".utf8), hash]).array ?? []
                 for i in stride(from: 0, to: fields.count - 1, by: 2) {
-                    guard let tokenID = fields[i].text, let held = fields[i + 1].text else { continue }
+                    guard let tokenID = fields[i].bytes, let held = fields[i + 1].text else { continue }
                     let identifiers = HeldTokenIdentifiers(token: held)
                     guard reference.match(identifiers) != nil else { continue }
-                    var commands = [["HDEL", hash, tokenID]]
-                    if let index = settings.index { commands.append(["HDEL", index] + identifiers.indexKeys) }
-                    try check(try await send(client, commands))
+                    try check(try await send(client, [[Array("HDEL".utf8), hash, tokenID]]))
+                    if let index = settings.index, let user = settings.user(ofHash: hash) {
+                        try await forgetIndexEntries(client, index: index, identifiers.indexKeys,
+                                                     pointingTo: user + "/" + String(decoding: tokenID, as: UTF8.self))
+                    }
                     deleted += 1
                 }
             }
         } while cursor != "0"
         return .done(deleted > 0 ? "\(deleted) held token(s) matching \(reference) deleted" : "no held token matches \(reference)")
+    }
+
+    /// The ways to read an index value `<user>/<token id>` when either may hold a slash: each
+    /// slash in turn (at most 16).
+    static func splits(_ location: String) -> [(user: String, tokenID: String)] {
+        var splits: [(user: String, tokenID: String)] = []
+        var index = location.startIndex
+        while let slash = location[index...].firstIndex(of: "/"), splits.count < 16 {
+            splits.append((String(location[..<slash]), String(location[location.index(after: slash)...])))
+            index = location.index(after: slash)
+        }
+        return splits
+    }
+
+    /// Removes the index entries among `keys` that still point to `location` (`<user>/<token id>`):
+    /// a `prefix:` entry is shared by every token that starts alike, and may point to another
+    /// user's token, which must stay findable.
+    func forgetIndexEntries(_ client: RedisClient, index: String, _ keys: [String], pointingTo location: String)
+        async throws(StepFailure)
+    {
+        guard !keys.isEmpty else { return }
+        let current = try await checked(client, ["HMGET", index] + keys).array ?? []
+        let owned = zip(keys, current).compactMap { key, value in value.text == location ? key : nil }
+        if !owned.isEmpty { try check(try await send(client, [["HDEL", index] + owned])) }
     }
 
     /// The index keys to look up, or nil when only a scan can find the token.
@@ -319,21 +350,24 @@ public struct RedisStepExecutor: StepExecutor {
     /// Deletes the user's whole token hash and its index entries.
     func deleteTokens(of user: String, in store: (TokenStoreSettings, RedisClient)) async throws(StepFailure) -> StepOutcome {
         let (settings, client) = store
-        let hash = settings.hash.replacingOccurrences(of: "{user}", with: user)
+        let hash = settings.hash(of: user)
         let fields = try await checked(client, ["HGETALL", hash]).array ?? []
-        let held = stride(from: 1, to: fields.count, by: 2).compactMap { fields[$0].text }
-        var commands = [["UNLINK", hash]]
-        if let index = settings.index, !held.isEmpty {
-            commands.append(["HDEL", index] + held.flatMap { HeldTokenIdentifiers(token: $0).indexKeys })
+        let held = stride(from: 0, to: fields.count - 1, by: 2).compactMap { i in
+            fields[i].text.flatMap { id in fields[i + 1].text.map { (id: id, token: $0) } }
         }
-        try check(try await send(client, commands))
+        try check(try await send(client, [["UNLINK", hash]]))
+        if let index = settings.index {
+            for (id, token) in held {
+                try await forgetIndexEntries(client, index: index, HeldTokenIdentifiers(token: token).indexKeys, pointingTo: user + "/" + id)
+            }
+        }
         return .done("\(held.count) held token(s) of the user deleted")
     }
 
     /// The tokens a store holds for the user: (token id, token).
     func heldTokens(of user: String, store name: String) async throws(StepFailure) -> [(id: String, token: String)] {
         let (settings, client) = try store(name)
-        let fields = try await checked(client, ["HGETALL", settings.hash.replacingOccurrences(of: "{user}", with: user)])
+        let fields = try await checked(client, ["HGETALL", settings.hash(of: user)])
         let items = fields.array ?? []
         var held: [(id: String, token: String)] = []
         for i in stride(from: 0, to: items.count - 1, by: 2) {
@@ -345,9 +379,10 @@ public struct RedisStepExecutor: StepExecutor {
     /// Deletes one held token and its index entries.
     func forgetHeldToken(id: String, token: String, of user: String, store name: String) async throws(StepFailure) {
         let (settings, client) = try store(name)
-        var commands = [["HDEL", settings.hash.replacingOccurrences(of: "{user}", with: user), id]]
-        if let index = settings.index { commands.append(["HDEL", index] + HeldTokenIdentifiers(token: token).indexKeys) }
-        try check(try await send(client, commands))
+        try check(try await send(client, [["HDEL", settings.hash(of: user), id]]))
+        if let index = settings.index {
+            try await forgetIndexEntries(client, index: index, HeldTokenIdentifiers(token: token).indexKeys, pointingTo: user + "/" + id)
+        }
     }
 
     // MARK: - Plumbing
@@ -383,9 +418,24 @@ public struct RedisStepExecutor: StepExecutor {
         }
     }
 
+    /// `send`, for commands whose arguments are bytes (keys as the server listed them).
+    func send(_ client: RedisClient, _ commands: [[[UInt8]]]) async throws(StepFailure) -> [RedisReply] {
+        do {
+            return try await client.pipeline(commands)
+        } catch {
+            throw error.isRetryable ? .unreachable(error.message) : .refused(error.message)
+        }
+    }
+
     /// One command's reply, an error reply failing the step (`check`): a lookup the server
     /// refused is not "nothing there", or a revoked token would be recorded done and kept.
     func checked(_ client: RedisClient, _ command: [String]) async throws(StepFailure) -> RedisReply {
+        let reply = try await send(client, [command])[0]
+        try check([reply])
+        return reply
+    }
+
+    func checked(_ client: RedisClient, _ command: [[UInt8]]) async throws(StepFailure) -> RedisReply {
         let reply = try await send(client, [command])[0]
         try check([reply])
         return reply

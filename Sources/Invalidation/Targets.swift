@@ -124,6 +124,28 @@ public struct TokenStoreSettings: Sendable, Hashable {
         self.hash = hash
         self.index = index
     }
+
+    /// Whether `template` can be a store's hash: one hash per user, so `{user}` exactly once
+    /// and no other placeholder (a hash without it would be every user's; `{iss}` or `{sub}`
+    /// would stay unfilled, and the step would find nothing and call that done).
+    public static func isHashTemplate(_ template: String) -> Bool {
+        Planner.placeholderNames(in: template) == ["user"]
+    }
+
+    /// The user's hash.
+    public func hash(of user: String) -> String { hash.replacingOccurrences(of: "{user}", with: user) }
+
+    /// A SCAN pattern matching every user's hash.
+    var hashPattern: String { Planner.globEscaped(hash).replacingOccurrences(of: "{user}", with: "*") }
+
+    /// The user whose hash is `key` (as SCAN listed it), if it is one of this store's.
+    func user(ofHash key: [UInt8]) -> String? {
+        guard let marker = hash.range(of: "{user}") else { return nil }
+        let prefix = Array(hash[..<marker.lowerBound].utf8), suffix = Array(hash[marker.upperBound...].utf8)
+        guard key.count >= prefix.count + suffix.count, key.starts(with: prefix), key.suffix(suffix.count).elementsEqual(suffix),
+              let user = String(validating: key[prefix.count..<(key.count - suffix.count)], as: UTF8.self) else { return nil }
+        return user
+    }
 }
 
 /// How a provider subject becomes the local user id.

@@ -22,6 +22,16 @@ public enum RedisReply: Sendable, Hashable {
         }
     }
 
+    /// The reply's bytes as sent (bulk string or status): a key or member that is not UTF-8
+    /// comes back as it is, where `text` would replace its bytes.
+    public var bytes: [UInt8]? {
+        switch self {
+        case .string(let bytes): bytes
+        case .status(let s): Array(s.utf8)
+        default: nil
+        }
+    }
+
     public var integer: Int64? {
         if case .integer(let n) = self { return n }
         return nil
@@ -273,14 +283,16 @@ extension RedisReply {
     /// `BUSY`, `TRYAGAIN`, `MASTERDOWN`, `CLUSTERDOWN`) rather than refuse it again
     /// (`WRONGTYPE`, `NOPERM`, …). The one classification every Redis caller uses.
     /// `READONLY` (a replica after a failover: the connection is replaced too, so a new one
-    /// reaches the new primary) and `NOREPLICAS`, `MISCONF` are passing states as well.
+    /// reaches the new primary) and `NOREPLICAS`, `MISCONF` are passing states as well, as is
+    /// `OOM` (a server at `maxmemory` that does not evict takes writes again once keys expire
+    /// or are deleted).
     public var isTransientError: Bool {
         guard case .error(let message) = self else { return false }
         return Self.transientErrors.contains(message.prefix { $0 != " " })
     }
 
     static let transientErrors: Set<Substring> = ["LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN", "CLUSTERDOWN", "READONLY",
-                                                  "NOREPLICAS", "MISCONF"]
+                                                  "NOREPLICAS", "MISCONF", "OOM"]
 }
 
 /// One connection, opened lazily and reopened after a failure.

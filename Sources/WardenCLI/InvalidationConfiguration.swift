@@ -38,6 +38,9 @@ public struct InvalidationConfiguration: Sendable {
             }
             let hash = try r.child("hash").string() ?? "oauth-tokens:{user}"
             try placeholders(hash, r.child("hash"))
+            guard TokenStoreSettings.isHashTemplate(hash) else {
+                throw r.child("hash").error("a token store keeps one hash per user: the key must hold {user} once and no other placeholder")
+            }
             stores[name] = TokenStoreSettings(redisTarget: target, hash: hash, index: try r.child("index").string())
         }
 

@@ -218,4 +218,69 @@ struct RedisStepTests {
         if back.result == "retry" { back = await executor.execute(.purgeKeys(target: "sessions", keys: ["k"]), context: context) }
         #expect(back == .done("0 of 1 keys deleted"))
     }
+
+    /// What a step recorded done; "" otherwise.
+    func detail(_ outcome: StepOutcome) -> String {
+        if case .done(let text) = outcome { return text }
+        return ""
+    }
+
+    /// A key that is not UTF-8 is deleted as the server named it, not as a text with its bytes
+    /// replaced (which names another key, deletes nothing, and was reported done).
+    @Test func keysThatAreNotUTF8AreDeletedAsNamed() async throws {
+        let key: [UInt8] = Array("s:u1:".utf8) + [0xFF, 0xFE]
+        _ = try await client.pipeline([[Array("SET".utf8), key, Array("1".utf8)]])
+        #expect(await executor.execute(.purgePattern(target: "sessions", pattern: "s:u1:*"), context: context)
+            == .done("1 keys matching s:u1:* deleted"))
+        #expect(try await client.pipeline([[Array("EXISTS".utf8), key]])[0] == .integer(0))
+        // The purge-set of a server refusing scripts lists, deletes and forgets members as bytes.
+        _ = try await cli("ACL", "SETUSER", "default", "-@scripting")
+        _ = try await client.pipeline([[Array("SET".utf8), key, Array("1".utf8)], [Array("SADD".utf8), Array("user-sessions:u1".utf8), key]])
+        #expect(await executor.execute(.purgeSet(target: "sessions", set: "user-sessions:u1"), context: context)
+            == .done("1 listed, 1 keys deleted from user-sessions:u1"))
+        #expect(try await cli("DBSIZE") == "0")
+    }
+
+    /// `<user>/<token id>`: a user id holding a slash is still found, and its token deleted.
+    @Test func aUserIDWithASlashIsFoundThroughTheIndex() async throws {
+        let token = "1//0gSSSSSSSSSSSS-slashed-user-token"
+        try await hold(token, user: "org/alice", id: "t1")
+        let outcome = await executor.execute(.deleteToken(store: "indexed"), context: revoked(.plain, token))
+        #expect(detail(outcome).hasPrefix("held token"), "\(outcome)")
+        #expect(try await cli("HEXISTS", "oauth-tokens:org/alice", "t1") == "0")
+        #expect(try await cli("HLEN", "oauth-token-index") == "0")
+    }
+
+    /// A `prefix:` entry is shared by every token that starts alike: deleting one user's token
+    /// leaves an entry that points to another user's, so that one is still found.
+    @Test func anIndexEntryOfAnotherUsersTokenIsKept() async throws {
+        let a = "1//0gPPPPPPPPPPPP-token-of-u1", b = "1//0gPPPPPPPPPPPP-token-of-u2"
+        try await hold(a, user: "u1", id: "t-a")
+        try await hold(b, user: "u2", id: "t-b")  // the shared prefix entry now points to u2's
+        #expect(await executor.execute(.deleteTokens(store: "indexed"), context: context) == .done("1 held token(s) of the user deleted"))
+        #expect(try await cli("HGET", "oauth-token-index", "prefix:" + String(b.prefix(16))) == "u2/t-b")
+        let second = await executor.execute(.deleteToken(store: "indexed"), context: revoked(.prefix, String(b.prefix(16))))
+        #expect(detail(second).hasPrefix("held token"), "\(second)")
+        #expect(try await cli("EXISTS", "oauth-tokens:u2") == "0")
+        // Through a scan of the store, the same.
+        try await hold(a, user: "u1", id: "t-a")
+        try await hold(b, user: "u2", id: "t-b")
+        // base64url is not the index's form: the store is scanned.
+        let scanned = await executor.execute(.deleteToken(store: "indexed"),
+                                             context: revoked(.hashBase64SHA512SHA512, HeldTokenIdentifiers(token: a).hash
+                                                .replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
+                                                .replacingOccurrences(of: "=", with: "")))
+        #expect(detail(scanned).hasPrefix("1 held token(s)"), "\(scanned)")
+        #expect(try await cli("EXISTS", "oauth-tokens:u1") == "0")
+        #expect(try await cli("HGET", "oauth-token-index", "prefix:" + String(b.prefix(16))) == "u2/t-b")
+    }
+
+    /// A server at `maxmemory` that does not evict refuses writes with OOM for now, not for good.
+    @Test func aServerOutOfMemoryIsRetriedNotFailed() async throws {
+        _ = try await cli("CONFIG", "SET", "maxmemory-policy", "noeviction")
+        _ = try await cli("CONFIG", "SET", "maxmemory", "1")
+        let outcome = await executor.execute(.setFlag(target: "sessions", key: "signin-disabled:u1", value: "1", ttl: nil), context: context)
+        _ = try await cli("CONFIG", "SET", "maxmemory", "0")
+        #expect(outcome.result == "retry", "\(outcome)")
+    }
 }

@@ -163,6 +163,12 @@ struct InvalidationConfigTests {
         #expect(error("targets: {r: {revoke: {endpoint: \"https://a/r\", auth: private_key_jwt}}}")
             .contains("\"private_key_jwt\" is not one of none, client_secret_basic, client_secret_post"))
         #expect(error(sessions + "token-stores: {t: {redis: nope}}").contains("token-stores.t.redis: \"nope\" is not a redis target"))
+        // One hash per user: without {user} it would be every user's; another placeholder would stay unfilled.
+        for hash in ["oauth-tokens", "oauth-tokens:{iss}:{user}", "t:{user}:{user}"] {
+            #expect(error(sessions + "token-stores: {t: {redis: sessions, hash: \"\(hash)\"}}")
+                .contains("token-stores.t.hash: a token store keeps one hash per user: the key must hold {user} once and no other placeholder"),
+                    "\(hash)")
+        }
         #expect(error(sessions + "subjects: {resolve: {redis: sessions, key: \"u:{user}\"}}")
             .contains("subjects.resolve.key: unknown placeholder {user}"))
         #expect(error("subjects: {resolve: lookup}").contains("subjects.resolve: expected identity"))
