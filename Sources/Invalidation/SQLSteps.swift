@@ -213,7 +213,7 @@ public struct SQLResolver: SubjectResolver {
         do {
             return .resolved(try await target.firstValue(query, bound).map { .user($0) } ?? .unresolved)
         } catch {
-            return error.retryable ? .retry(error.message) : .resolved(.unresolved)
+            return error.retryable ? .retry(error.message) : .refused("the subject lookup was refused: \(error.message)")
         }
     }
 }

@@ -6,6 +6,11 @@ public enum ResolutionOutcome: Sendable, Hashable {
     case resolved(SubjectResolution)
     /// The lookup could not be made now (Redis down): the event waits and is tried again.
     case retry(String)
+    /// The lookup was refused and will be again (no permission, a key of the wrong type, an
+    /// answer that is not an id): not "no such user", which would record the event with no
+    /// steps. The event is refused with `subject_lookup_refused` and dead-lettered;
+    /// `warden replay --apply` acts on it once the lookup is mended.
+    case refused(String)
 }
 
 /// Turns a provider subject into the local user id.
@@ -44,6 +49,7 @@ public struct RedisResolver: SubjectResolver {
             case .string(let bytes) where !bytes.isEmpty: return .resolved(.user(String(decoding: bytes, as: UTF8.self)))
             case .error(let message) where reply.isTransientError:
                 return .retry("Redis cannot answer the subject lookup yet: \(message)")
+            case .error(let message): return .refused("Redis refused the subject lookup: \(message)")
             default: return .resolved(.unresolved)
             }
         } catch {

@@ -165,6 +165,15 @@ public struct EventProcessor: Sendable {
                         ])
                         guard await stop.pause(backoff(attempt)) else { break resolving }
                         attempt += 1
+                    case .refused(let reason):
+                        // Not "no such user": recorded refused and dead-lettered, never acted on
+                        // as if nobody had the account.
+                        metrics.failedForGood("subject_lookup")
+                        logger.error("subject lookup refused; the event is dead-lettered", metadata: [
+                            "warden.source": "\(checked.record.message.source)", "warden.reason": "\(reason)",
+                        ])
+                        verdicts.append(.invalid(code: Self.subjectLookupRefused, description: reason))
+                        continue resolving
                     }
                 }
             case .failure(let error) where error.isRetryable:
@@ -229,6 +238,9 @@ public struct EventProcessor: Sendable {
         }
         return (admitted, batch[verdicts.count...])
     }
+
+    /// The error code of a valid event whose subject lookup the target refused.
+    public static let subjectLookupRefused = "subject_lookup_refused"
 
     enum StateCheck: Sendable, Equatable {
         case taken

@@ -283,4 +283,18 @@ struct RedisStepTests {
         _ = try await cli("CONFIG", "SET", "maxmemory", "0")
         #expect(outcome.result == "retry", "\(outcome)")
     }
+
+    /// The Redis subject lookup: a string is the user, a missing key is no one, and a key the
+    /// server refuses to read (wrong type, no permission) is a refusal, not "no such user".
+    @Test func theRedisSubjectLookup() async throws {
+        let resolver = RedisResolver(client: client, key: "user-by-sub:{sub}")
+        let event = token("sessions-revoked")
+        #expect(await resolver.resolve(event) == .resolved(.unresolved))
+        _ = try await client.send(["SET", "user-by-sub:1234", "local-7"])
+        #expect(await resolver.resolve(event) == .resolved(.user("local-7")))
+        _ = try await client.send(["DEL", "user-by-sub:1234"])
+        _ = try await client.send(["HSET", "user-by-sub:1234", "id", "local-7"])
+        guard case .refused(let reason) = await resolver.resolve(event) else { Issue.record("a WRONGTYPE lookup must be refused"); return }
+        #expect(reason.contains("WRONGTYPE"))
+    }
 }

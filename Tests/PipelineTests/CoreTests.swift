@@ -50,7 +50,7 @@ struct CoreTests {
 
         /// A process; `ledger` shared with another one, when given.
         init(ledger: MemoryLedger = MemoryLedger(), steps: StepRunner.Configuration = .init(),
-             metrics: any MetricsFactory = NOOPMetricsHandler.instance) {
+             metrics: any MetricsFactory = NOOPMetricsHandler.instance, resolver: any SubjectResolver = IdentityResolver()) {
             self.ledger = ledger
             let offset = clockOffset
             let clock = WallClock { Date().timeIntervalSince1970 + offset.seconds.withLock { $0 } }
@@ -68,7 +68,7 @@ struct CoreTests {
             self.processor = EventProcessor(
                 verifier: verifier, ledger: ledger, deadLetters: deadLetters, metrics: WardenMetrics(factory: metrics),
                 logger: CoreTests.logger, stop: stop,
-                engine: InvalidationEngine(planner: Planner(policy: CoreTests.policy), resolver: IdentityResolver(), executor: executor),
+                engine: InvalidationEngine(planner: Planner(policy: CoreTests.policy), resolver: resolver, executor: executor),
                 configuration: .init(retry: .init(initialBackoff: .milliseconds(10), maximumBackoff: .milliseconds(50)), steps: steps))
         }
 
@@ -108,6 +108,35 @@ struct CoreTests {
         }
 
         func disposition(_ i: Int) -> Disposition? { settled.all.count > i ? settled.all[i] : nil }
+    }
+
+    /// Refuses the lookup of one subject (as Redis refuses a key of the wrong type), resolves
+    /// the others as themselves.
+    struct RefusingResolver: SubjectResolver {
+        let refused: String
+        func resolve(_ token: SecurityEventToken) async -> ResolutionOutcome {
+            guard case .issSub(_, let sub)? = token.primarySubject else { return .resolved(.unresolved) }
+            return sub == refused ? .refused("WRONGTYPE Operation against a key holding the wrong kind of value") : .resolved(.user(sub))
+        }
+    }
+
+    /// A lookup the target refuses is not "no such user" (recorded with no steps, never acted
+    /// on): the event is refused and dead-lettered, visible, and the others go on.
+    @Test func aRefusedSubjectLookupIsDeadLetteredNotTakenForNoSuchUser() async throws {
+        let world = World(resolver: RefusingResolver(refused: "u-refused"))
+        let door = HandDoor()
+        let running = Task { await world.pipeline.run(door.stream) }
+        door.feed([Self.token(Self.issuerA, "u-refused", jti: "r1", key: Self.keyA), Self.token(Self.issuerA, "u-fine", jti: "r2", key: Self.keyA)])
+        #expect(await eventually { door.disposition(0) != nil && door.disposition(1) != nil })
+        guard case .rejected(let code, let description) = door.disposition(0) else {
+            Issue.record("\(String(describing: door.disposition(0)))"); return
+        }
+        #expect(code == "subject_lookup_refused" && description.contains("WRONGTYPE"))
+        #expect(world.deadLetters.sent.withLock { $0.map(\.code) } == ["subject_lookup_refused"])
+        #expect(world.ledger.rejections.map(\.code) == ["subject_lookup_refused"])
+        guard case .recorded = door.disposition(1) else { Issue.record("\(String(describing: door.disposition(1)))"); return }
+        door.continuation.finish()
+        await running.value
     }
 
     static func verification(_ issuer: String, state: String?, jti: String, key: SigningKey) -> IntakeMessage {
