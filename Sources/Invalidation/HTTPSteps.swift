@@ -50,7 +50,8 @@ public struct RevocationClient: Sendable {
         let status = Int(response.status.code)
         switch status {
         case 200..<300: return .done("revoked at \(where_)")
-        case 429, 500..<600:
+        // 408: a proxy or load balancer gave up waiting, not the endpoint refusing.
+        case 408, 429, 500..<600:
             return .retry("revocation endpoint \(where_) answered \(status)",
                           after: response.headers.first(name: "Retry-After").flatMap(HTTPRules.retryAfter))
         default:

@@ -149,7 +149,7 @@ public struct InvalidationConfiguration: Sendable {
                                               timeout: try WardenConfiguration.positive(c.child("timeout")) ?? 10))
         case "webhook":
             try c.requireOnly(["url", "hmac-secret", "hmac-secret-file", "timeout"])
-            let url = try WardenConfiguration.url(c.child("url"))
+            let url = try WardenConfiguration.url(c.child("url"), plainHTTP: true)
             guard let secret = try c.secret("hmac-secret") else { throw c.child("hmac-secret-file").error("is required") }
             return .webhook(WebhookEndpoint(url: url, hmacSecret: Array(secret.utf8),
                                             timeout: try WardenConfiguration.positive(c.child("timeout")) ?? 10))

@@ -246,9 +246,18 @@ public struct WardenConfiguration: Sendable {
                             maximumAge: try positive(r.child("max-age")), keyCache: cache)
     }
 
-    static func url(_ r: ConfigReader) throws(ConfigError) -> URL {
+    /// An absolute URL; https only (http for loopback hosts) unless `plainHTTP` (a webhook,
+    /// whose body is signed and whose token identifiers are redacted: the design allows
+    /// `http://app.internal/…` there).
+    static func url(_ r: ConfigReader, plainHTTP: Bool = false) throws(ConfigError) -> URL {
         let text = try r.requiredString()
         guard let url = URL(string: text), url.host != nil else { throw r.error("\"\(text)\" is not an absolute URL") }
+        if plainHTTP {
+            guard let scheme = url.scheme?.lowercased(), scheme == "http" || scheme == "https" else {
+                throw r.error("\"\(text)\" must be an http or https URL")
+            }
+            return url
+        }
         guard URLRule.isAcceptableForKeys(url) else {
             throw r.error("\"\(text)\" must use https (http is allowed only for loopback hosts)")
         }

@@ -104,12 +104,15 @@ struct HTTPStepTests {
         server.enqueue("/revoke", [
             .init(body: "", status: 503, headers: ["Retry-After": "7"]),
             .init(body: "", status: 429),
+            .init(body: "", status: 408),
             .init(body: #"{"error":"unsupported_token_type"}"#, status: 400, headers: ["Content-Type": "application/json"]),
             .init(body: #"{"error":"invalid_client"}"#, status: 401),
             .init(body: "", status: 200, delay: 3),
         ])
         #expect(await client.revoke("t", hint: nil, at: at) == .retry("revocation endpoint 127.0.0.1 answered 503", after: 7))
         #expect(await client.revoke("t", hint: nil, at: at) == .retry("revocation endpoint 127.0.0.1 answered 429", after: nil))
+        // A proxy that gave up waiting: later, not never.
+        #expect(await client.revoke("t", hint: nil, at: at) == .retry("revocation endpoint 127.0.0.1 answered 408", after: nil))
         let unsupported = await client.revoke("t", hint: nil, at: at)
         #expect(unsupported.result == "failed" && "\(unsupported)".contains("unsupported_token_type"))
         let unauthorized = await client.revoke("t", hint: nil, at: at)

@@ -81,6 +81,16 @@ struct InvalidationConfigTests {
         #expect(!c.planDescription.contains("s3cret"))
     }
 
+    /// The design's own example: a webhook to an app inside the network over plain http (its
+    /// body is signed); keys and revoke endpoints stay https-only.
+    @Test func aWebhookMayUsePlainHTTPARevokeEndpointMayNot() throws {
+        let c = try parse("targets: {app: {webhook: {url: http://app.internal/hooks/security, hmac-secret: k}}}")
+        guard case .webhook(let hook)? = c.targets["app"] else { Issue.record("app"); return }
+        #expect(hook.url.absoluteString == "http://app.internal/hooks/security")
+        #expect(error("targets: {app: {webhook: {url: ftp://app.internal/hooks, hmac-secret: k}}}").contains("must be an http or https URL"))
+        #expect(error("targets: {r: {revoke: {endpoint: http://auth.internal/revoke, auth: none}}}").contains("must use https"))
+    }
+
     @Test func verificationNamesBothTheRISCAndTheSSFEvent() throws {
         let c = try parse("""
             targets: {app: {webhook: {url: "https://app.example/hook", hmac-secret: k}}}
