@@ -259,12 +259,13 @@ public enum JSONParser {
             guard depth <= JSONParser.maximumDepth else { throw fail(.tooDeep) }
             index += 1  // {
             var object = JSONObject()
-            object.reserve(8)
             skipWhitespace()
             if index < buffer.count, buffer[index] == UInt8(ascii: "}") {
                 index += 1
                 return object
             }
+            // Only for an object with members: `[{},{},…]` allocates nothing per empty object.
+            object.reserve(8)
             var seen: Set<CodePointName>? = nil
             while true {
                 skipWhitespace()

@@ -233,7 +233,8 @@ extension SubjectIdentifier {
                 guard let member = ComplexMember(rawValue: name) else {
                     throw SubjectError(path: makePath(), message: "a complex subject may not have the member \"\(name)\"")
                 }
-                members[member] = try parse(value, path: "\(makePath()).\(name)", allowAliases: true, allowComplex: false)
+                // Each member is a simple identifier (SSF §3.1): no aliases, so none nest.
+                members[member] = try parse(value, path: "\(makePath()).\(name)", allowAliases: false, allowComplex: false)
             }
             guard !members.isEmpty else { throw SubjectError(path: makePath(), message: "a complex subject needs at least one member") }
             return .complex(members)

@@ -185,7 +185,9 @@ public struct KeySet: Sendable {
             guard var n = bytes("n"), let e = bytes("e"), !n.isEmpty, !e.isEmpty else {
                 return fail("an RSA key needs base64url members \"n\" and \"e\"")
             }
-            while n.first == 0 { n.removeFirst() }
+            // Leading zero bytes dropped in one step (one at a time, a modulus padded with most of
+            // a megabyte of them took seconds).
+            n = Array(n.drop { $0 == 0 })
             let bits = n.isEmpty ? 0 : (n.count - 1) * 8 + (8 - n[0].leadingZeroBitCount)
             guard bits >= minimumRSABits else { return fail("the RSA modulus has \(bits) bits; at least \(minimumRSABits) are required") }
             guard bits <= maximumRSABits else { return fail("the RSA modulus has \(bits) bits; at most \(maximumRSABits) are accepted") }

@@ -354,6 +354,11 @@ public final class SETVerifier: Sendable {
                     throw VerificationError(.invalidEvent, "event \(definition.name) has no subject (neither \"subject\" in the event nor \"sub_id\")")
                 }
             }
+            // The kind's own claims (SPEC §4, row 8): `events` with a known URI. A token whose
+            // events are all unknown is no event this receiver acts on, and not counted processed.
+            guard set.events.contains(where: { $0.type.definition != nil }) else {
+                throw VerificationError(.invalidEvent, "no event type of the token is one this receiver knows (\(quoted(set.events.first?.type.uri ?? "")))")
+            }
         case .logout:
             guard hasLogoutEvent else {
                 throw VerificationError(.wrongKindOfToken, "the token's events lack \(logoutURI), so it is not a logout token")

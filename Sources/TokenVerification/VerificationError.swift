@@ -83,9 +83,12 @@ public struct VerificationError: Error, Sendable, Equatable, CustomStringConvert
 
 /// Shortens untrusted text before it goes into an error message or a log.
 func quoted(_ text: String, limit: Int = 80) -> String {
-    let cleaned = String(text.unicodeScalars.map { $0.value < 0x20 || $0.value == 0x7F ? "?" : Character($0) })
-    if cleaned.count <= limit { return "\"\(cleaned)\"" }
-    return "\"\(cleaned.prefix(limit))…\""
+    // Counted in scalars, not characters: one character may hold any number of combining
+    // marks, and the limit must bound the bytes echoed.
+    var cleaned = String.UnicodeScalarView()
+    cleaned.append(contentsOf: text.unicodeScalars.prefix(limit + 1).map { $0.value < 0x20 || $0.value == 0x7F ? "?" : $0 })
+    if cleaned.count <= limit { return "\"\(String(cleaned))\"" }
+    return "\"\(String(String.UnicodeScalarView(cleaned.prefix(limit))))…\""
 }
 
 /// A number of seconds for a message, whole. The claims a token carries may hold any number

@@ -68,6 +68,9 @@ struct SubjectIdentifierTests {
         #"{"format":"iss_sub","iss":"https://i"}"#,
         #"{"format":"aliases","identifiers":[]}"#,
         #"{"format":"aliases","identifiers":[{"format":"aliases","identifiers":[{"format":"opaque","id":"1"}]}]}"#,
+        // A complex subject's members are simple identifiers: no aliases there, so none nest in aliases.
+        #"{"format":"complex","user":{"format":"aliases","identifiers":[{"format":"email","email":"a@x"}]}}"#,
+        #"{"format":"aliases","identifiers":[{"format":"complex","user":{"format":"aliases","identifiers":[{"format":"email","email":"a@x"}]}}]}"#,
         #"{"format":"complex","planet":{"format":"opaque","id":"1"}}"#,
         #"{"format":"account","uri":"mailto:a@x"}"#,
         #"{"format":"email","subject_type":"email","email":"a@x"}"#,

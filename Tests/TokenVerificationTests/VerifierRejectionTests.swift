@@ -181,6 +181,43 @@ struct VerifierRejectionTests {
         expect(await verifier().verify(try SETMinter.token(claims: logout, key: Keys.rsa)), .wrongKindOfToken, .invalidRequest)
     }
 
+    // §4 row 8: the kind's own claims are `events` with a known URI. A signed token whose
+    // events are all unknown is not an event this receiver acts on (nor counts processed).
+    @Test func refusesATokenWhoseEventsAreAllUnknown() async throws {
+        var claims = Fixture.riscClaims(clock)
+        claims["events"] = .object(["https://example.com/other-event": .object([:])])
+        let result = await verifier().verify(try SETMinter.token(claims: claims, key: Keys.rsa))
+        expect(result, .invalidEvent, result.error?.code)
+        #expect(result.error?.description.contains("https://example.com/other-event") == true)
+        // Beside a known one, an unknown event type is kept (and not acted on).
+        var mixed = Fixture.riscClaims(clock)
+        mixed["events"] = .object(["https://example.com/other-event": .object([:]),
+                                   EventType.sessionsRevoked.uri: .object(["subject": .object(["subject_type": "iss-sub", "iss": .string(Fixture.issuer), "sub": "1"])])])
+        #expect(await verifier().verify(try SETMinter.token(claims: mixed, key: Keys.rsa)).value != nil)
+    }
+
+    /// Attacker text in an error is bounded in bytes: one character with thousands of combining
+    /// marks is still cut.
+    @Test func quotedAttackerTextIsBoundedInBytes() async throws {
+        let iss = "x" + String(repeating: "\u{301}", count: 20_000)
+        let token = Base64URL.encode(#"{"alg":"RS256","kid":"rsa-1"}"#) + "." + Base64URL.encode(JSONValue.object(["iss": .string(iss)]).jsonText) + ".AAAA"
+        let result = await verifier().verify(token)
+        #expect(result.error != nil)
+        #expect((result.error?.description.utf8.count ?? .max) < 1024, "\(result.error?.description.utf8.count ?? 0) bytes")
+    }
+
+    /// A modulus padded with leading zero bytes is the same key, sized without them.
+    @Test func aZeroPaddedModulusIsSizedWithoutItsPadding() async throws {
+        var jwk = Keys.rsa.publicJWK
+        let n = try #require(jwk["n"]?.stringValue.flatMap { Base64URL.decode($0) })
+        jwk["n"] = .string(Base64URL.encode(Array(repeating: 0, count: 100_000) + n))
+        jwk["kid"] = "padded"
+        var key = Keys.rsa
+        key.keyID = "padded"
+        let token = try SETMinter.token(claims: Fixture.riscClaims(clock), key: key)
+        #expect(await verifier(extraJWKs: [jwk]).verify(token).value != nil)
+    }
+
     // §4 row 10
     @Test func refusesRSAKeysUnder2048Bits() async throws {
         let token = try SETMinter.token(claims: Fixture.riscClaims(clock), key: Keys.rsa1024)
