@@ -26,8 +26,11 @@ public protocol Ledger: Sendable {
     func steps(ofEvent eventID: Int64) async throws(LedgerError) -> [OutboxStep]
     /// Events with a step still pending, received before `receivedBefore` (seconds since 1970),
     /// with ids above `afterID`, oldest first, at most `limit`: what a door that gets no
-    /// redelivery (push into the ledger) resumes at start-up.
-    func pendingEvents(receivedBefore: Double, afterID: Int64, limit: Int) async throws(LedgerError) -> [PendingEvent]
+    /// redelivery (push into the ledger) resumes at start-up, and now and then after. With
+    /// `unleasedAt`, only those whose lease is free at that time (none taken, or run out): no
+    /// process is working on them.
+    func pendingEvents(receivedBefore: Double, afterID: Int64, limit: Int, unleasedAt: Double?) async throws(LedgerError)
+        -> [PendingEvent]
     /// Records that a verification event carrying `state` was asked of `issuer`'s transmitter
     /// (`warden stream verify`), at `time` (seconds since 1970).
     func requestVerification(issuer: String, state: String, at time: Double) async throws(LedgerError)
@@ -297,4 +300,11 @@ func writeJSONArray(_ items: [String], to bytes: inout [UInt8]) {
         JSONValue.writeString(item, to: &bytes)
     }
     bytes.append(UInt8(ascii: "]"))
+}
+
+extension Ledger {
+    /// Every event with a step pending, leased or not.
+    public func pendingEvents(receivedBefore: Double, afterID: Int64, limit: Int) async throws(LedgerError) -> [PendingEvent] {
+        try await pendingEvents(receivedBefore: receivedBefore, afterID: afterID, limit: limit, unleasedAt: nil)
+    }
 }

@@ -335,12 +335,15 @@ public final class PostgresLedger: AuditingLedger {
         }
     }
 
-    public func pendingEvents(receivedBefore: Double, afterID: Int64, limit: Int) async throws(LedgerError) -> [PendingEvent] {
+    public func pendingEvents(receivedBefore: Double, afterID: Int64, limit: Int, unleasedAt: Double?) async throws(LedgerError)
+        -> [PendingEvent]
+    {
         try await transaction("read pending events") { connection in
             var events: [PendingEvent] = []
             let rows = try await connection.query("""
                 SELECT id, token, source, received_at FROM events
                 WHERE id IN (SELECT event_id FROM steps WHERE status = 'pending') AND id > \(afterID) AND received_at < \(receivedBefore)
+                  AND (\(unleasedAt)::double precision IS NULL OR lease_until IS NULL OR lease_until < \(unleasedAt))
                 ORDER BY id LIMIT \(limit)
                 """, logger: self.logger)
             for try await (id, token, source, receivedAt) in rows.decode((Int64, String, String, Double).self) {

@@ -493,9 +493,11 @@ public final class SQLiteLedger: AuditingLedger {
         }
     }
 
-    public func pendingEvents(receivedBefore: Double, afterID: Int64, limit: Int) async throws(LedgerError) -> [PendingEvent] {
+    public func pendingEvents(receivedBefore: Double, afterID: Int64, limit: Int, unleasedAt: Double?) async throws(LedgerError)
+        -> [PendingEvent]
+    {
         try await writer.submit { db in
-            try SQLiteLedgerReader.pendingEvents(db, receivedBefore: receivedBefore, afterID: afterID, limit: limit)
+            try SQLiteLedgerReader.pendingEvents(db, receivedBefore: receivedBefore, afterID: afterID, limit: limit, unleasedAt: unleasedAt)
         }
     }
 
@@ -655,14 +657,17 @@ public struct SQLiteLedgerReader: Sendable {
         }
     }
 
-    static func pendingEvents(_ db: Database, receivedBefore: Double, afterID: Int64, limit: Int) throws -> [PendingEvent] {
+    static func pendingEvents(_ db: Database, receivedBefore: Double, afterID: Int64, limit: Int, unleasedAt: Double? = nil) throws
+        -> [PendingEvent]
+    {
         // The pending steps are found through their partial index, their events by id.
         try Row.fetchAll(db, sql: """
             SELECT e.id, coalesce(t.token, e.token) AS token, e.source, e.received_at
             FROM events e LEFT JOIN event_tokens t ON t.event_id = e.id
-            WHERE e.id IN (SELECT event_id FROM steps WHERE status = 'pending') AND e.id > ? AND e.received_at < ?
-            ORDER BY e.id LIMIT ?
-            """, arguments: [afterID, receivedBefore, limit]).map {
+            WHERE e.id IN (SELECT event_id FROM steps WHERE status = 'pending') AND e.id > ?1 AND e.received_at < ?2
+              AND (?4 IS NULL OR e.lease_until IS NULL OR e.lease_until < ?4)
+            ORDER BY e.id LIMIT ?3
+            """, arguments: [afterID, receivedBefore, limit, unleasedAt]).map {
             let token: String = $0["token"]
             return PendingEvent(id: $0["id"], token: Array(token.utf8), source: $0["source"], receivedAt: $0["received_at"])
         }

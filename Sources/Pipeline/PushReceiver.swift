@@ -458,19 +458,24 @@ public final class RecordFeed: AsyncSequence, Sendable {
 /// shutdown, then takes no more and finishes what it took, steps included (a pushed SET is not
 /// delivered again: its steps are finished before the process exits). At start it resumes the
 /// events the ledger holds with steps still pending (left by a process that was killed): no
-/// sender will deliver those again.
+/// sender will deliver those again. Then, every `resumeEvery`, it resumes those whose lease
+/// has run out (no process works on them): replicas sharing a ledger take up what one that
+/// stopped left, without waiting for a restart.
 public struct PushIntake: Service {
     let destination: LedgerPushDestination
     let pipeline: EventPipeline
+    let resumeEvery: Duration
 
-    public init(destination: LedgerPushDestination, pipeline: EventPipeline) {
+    public init(destination: LedgerPushDestination, pipeline: EventPipeline, resumeEvery: Duration = .seconds(60)) {
         self.destination = destination
         self.pipeline = pipeline
+        self.resumeEvery = resumeEvery
     }
 
     public func run() async {
         let feed = destination.records
-        let resume = PendingStepsResume(processor: pipeline.processor, startedAt: Date().timeIntervalSince1970)
+        let processor = pipeline.processor
+        let resume = PendingStepsResume(processor: processor, receivedBefore: Date().timeIntervalSince1970)
         await withGracefulShutdownHandler {
             // The first page of what was left goes in ahead of any request already waiting.
             var page = await resume.nextPage()
@@ -480,22 +485,39 @@ public struct PushIntake: Service {
                 group.addTask { await pipeline.run(feed) }
                 // Requests that waited too long are answered 503 (the ledger may be down).
                 group.addTask { await destination.sweep() }
-                // One page at a time: however much was left, what is held in memory is bounded.
-                while let current = page?.page {
-                    await current.settled()
-                    // Ahead of requests still waiting in the feed: older events first.
-                    guard !current.isLast, let next = await resume.nextPage(), feed.submitFront(next.records) else { break }
-                    page = next
+                guard await Self.resume(resume, from: page, into: feed) else { return }
+                // Now and then: what no process works on any more (a replica stopped while its
+                // steps waited for a retry, or was killed).
+                while await processor.stop.pause(resumeEvery / .seconds(1)) {
+                    let now = Date().timeIntervalSince1970
+                    let pass = PendingStepsResume(processor: processor, receivedBefore: now, unleasedAt: now)
+                    guard let first = await pass.nextPage() else { continue }
+                    guard feed.submitFront(first.records), await Self.resume(pass, from: first, into: feed) else { return }
                 }
             }
         } onGracefulShutdown: {
             // The receiver has answered its requests by now (it stops first). Steps under way
             // finish their attempt; what waits for a retry or for keys is left pending in the
-            // ledger, and the next start resumes it.
+            // ledger, and the next start (or another replica) resumes it.
             feed.close()
             pipeline.processor.stop.stop()
         }
         pipeline.processor.stop.stop()
+    }
+
+    /// Feeds the pass's pages after `page` (already fed), one at a time: however much was left,
+    /// what is held in memory is bounded. False when the feed is closed.
+    private static func resume(_ pass: PendingStepsResume, from page: (records: [IntakeRecord], page: PendingStepsResume.Page)?,
+                               into feed: RecordFeed) async -> Bool {
+        var page = page
+        while let current = page?.page {
+            await current.settled()
+            guard !current.isLast, let next = await pass.nextPage() else { return true }
+            // Ahead of requests still waiting in the feed: older events first.
+            guard feed.submitFront(next.records) else { return false }
+            page = next
+        }
+        return true
     }
 }
 
@@ -542,20 +564,25 @@ final class PendingStepsResume: Sendable {
     static let pageSize = 256
 
     let processor: EventProcessor
-    /// Only events received before this process started: later ones are this process's own.
-    let startedAt: Double
+    /// Only events received before this: at start, later ones are this process's own.
+    let receivedBefore: Double
+    /// When given, only events whose lease is free at this time: none is taken while its owner
+    /// works on it.
+    let unleasedAt: Double?
     private let lastID = Mutex<Int64>(0)
 
-    init(processor: EventProcessor, startedAt: Double) {
+    init(processor: EventProcessor, receivedBefore: Double, unleasedAt: Double? = nil) {
         self.processor = processor
-        self.startedAt = startedAt
+        self.receivedBefore = receivedBefore
+        self.unleasedAt = unleasedAt
     }
 
     /// The next page's records, or nil when nothing (more) is pending or the process is stopping.
     func nextPage() async -> (records: [IntakeRecord], page: Page)? {
         let after = lastID.withLock { $0 }
         let read = await processor.attempting("ledger") {
-            try await processor.ledger.pendingEvents(receivedBefore: startedAt, afterID: after, limit: Self.pageSize)
+            try await processor.ledger.pendingEvents(receivedBefore: receivedBefore, afterID: after, limit: Self.pageSize,
+                                                     unleasedAt: unleasedAt)
         }
         switch read {
         case .done(let events):

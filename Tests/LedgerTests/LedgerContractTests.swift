@@ -225,6 +225,12 @@ struct LedgerContractTests {
         #expect(rest.map(\.id) == [pendingIDs[2]])
         try await ledger.recordStep(0, of: pendingIDs[0], status: .done, detail: "ok", finishing: .processed)
         #expect(try await ledger.pendingEvents(receivedBefore: 1_850_000_000, afterID: 0, limit: 10).map(\.id) == Array(pendingIDs.dropFirst()))
+        // Only those no process works on: a lease held now keeps its event out; once run out, in.
+        let now = Date().timeIntervalSince1970
+        #expect(try await ledger.lease(event: pendingIDs[1], owner: "replica-a", seconds: 60))
+        #expect(try await ledger.pendingEvents(receivedBefore: 1_850_000_000, afterID: 0, limit: 10, unleasedAt: now).map(\.id) == [pendingIDs[2]])
+        #expect(try await ledger.pendingEvents(receivedBefore: 1_850_000_000, afterID: 0, limit: 10, unleasedAt: now + 120).map(\.id)
+            == Array(pendingIDs.dropFirst()))
         await ledger.close()
     }
 

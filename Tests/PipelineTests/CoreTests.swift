@@ -211,6 +211,37 @@ struct CoreTests {
         await running.value
     }
 
+    // Replicas of the push door share a ledger: an event one of them left pending (stopped while
+    // its step waited for a retry) is taken up by another that keeps running, once no process
+    // holds its lease, without waiting for a restart.
+    @Test func aReplicaTakesUpStepsAnotherLeftPending() async throws {
+        let ledger = MemoryLedger()
+        let a = World(ledger: ledger, steps: .init(lease: .seconds(2), owner: "replica-a"))
+        let b = World(ledger: ledger, steps: .init(lease: .seconds(2), owner: "replica-b"))
+        a.executor.script.withLock { $0["u1"] = [.retry("the target is down", after: 30)] }
+        // B runs first, and resumes what is pending every 200 ms.
+        let destinationB = LedgerPushDestination(answerWithin: .seconds(5))
+        let intakeB = Task { await PushIntake(destination: destinationB, pipeline: b.pipeline, resumeEvery: .milliseconds(200)).run() }
+        // A takes a pushed SET; its first step is answered "later", and A stops meanwhile.
+        let destinationA = LedgerPushDestination(answerWithin: .seconds(5))
+        let runningA = Task { await a.pipeline.run(destinationA.records) }
+        var pushed = Self.token(Self.issuerA, "u1", jti: "left-by-a", key: Self.keyA)
+        pushed.receivedAt = Date().timeIntervalSince1970  // a resumed token is judged as of its arrival
+        #expect(await destinationA.persist(pushed) == .accepted)
+        #expect(await eventually { a.executor.calls(for: "u1") == 1 })
+        a.stop.stop()
+        destinationA.records.close()
+        await runningA.value
+        #expect(ledger.event("left-by-a")?.steps.map(\.status) == [.pending, .pending])
+        // B finds it, takes its lease, and runs both steps.
+        #expect(await eventually(attempts: 4000) { ledger.event("left-by-a")?.outcome == .processed })
+        #expect(b.executor.calls(for: "u1") == 2)
+        #expect(a.executor.calls(for: "u1") == 1)
+        b.stop.stop()
+        destinationB.records.close()
+        await intakeB.value
+    }
+
     // While the ledger is down a push is answered "try again later" once its deadline passes:
     // the request does not hang (nor does shutdown, which waits for requests). The record, kept
     // by the pipeline, is recorded once the ledger is back, and the sender's retry is then a

@@ -139,9 +139,12 @@ final class MemoryLedger: Ledger {
         })
     }
 
-    func pendingEvents(receivedBefore: Double, afterID: Int64, limit: Int) async throws(LedgerError) -> [PendingEvent] {
+    func pendingEvents(receivedBefore: Double, afterID: Int64, limit: Int, unleasedAt: Double?) async throws(LedgerError) -> [PendingEvent] {
         state.withLock { s in
-            s.events.filter { e in e.id > afterID && e.receivedAt < receivedBefore && e.steps.contains { $0.status == .pending } }
+            s.events.filter { e in
+                e.id > afterID && e.receivedAt < receivedBefore && e.steps.contains { $0.status == .pending }
+                    && (unleasedAt.map { e.leaseOwner == nil || e.leaseUntil < $0 } ?? true)
+            }
                 .prefix(limit).map { PendingEvent(id: $0.id, token: $0.token, source: $0.source, receivedAt: $0.receivedAt) }
         }
     }
