@@ -348,6 +348,26 @@ struct StreamCommandTests {
         await ssf.stop()
     }
 
+    /// A transmitter that ignores acknowledgements and answers every poll at once with the same
+    /// SET is asked again after the idle pause, not in a tight loop writing a duplicate each time.
+    @Test func aTransmitterSendingTheSameSETForeverIsNotPolledInATightLoop() async throws {
+        let ssf = try await Self.transmitter()
+        let token = try Self.ssfToken(ssf, jti: "again-1")
+        ssf.serve("/poll", .init(body: #"{"sets":{"again-1":"\#(token)"},"moreAvailable":true}"#, headers: ["Content-Type": "application/json"]))
+        let (directory, config) = try Self.ssfConfig(ssf, bearer: "poll-token", stream: Self.pollStream(ssf))
+        let worker = try WorkerProcess(config: config)
+        try await WorkerTests.waitFor("the SET acknowledged once") { ssf.requests("/poll") >= 3 }
+        let before = ssf.requests("/poll")
+        try await Task.sleep(for: .seconds(3))
+        #expect(ssf.requests("/poll") - before <= 5, "\(ssf.requests("/poll") - before) requests in 3 s")
+        #expect(await worker.terminate() == 0)
+        let reader = try SQLiteLedgerReader(path: directory.appendingPathComponent("ledger.sqlite").path)
+        #expect(try reader.eventCount() == 1)
+        #expect(try reader.deliveries().count <= ssf.requests("/poll"))
+        try? FileManager.default.removeItem(at: directory)
+        await ssf.stop()
+    }
+
     /// A poll stream keeps moving: an answer of 100 large SETs is taken (not refused as too
     /// large, for ever); one SET that cannot be had now (its issuer's keys are down) does not
     /// make the others wait a backoff; "moreAvailable" with no SETs is not asked again in a
