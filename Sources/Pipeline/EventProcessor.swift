@@ -470,6 +470,9 @@ public struct EventProcessor: Sendable {
         // part of it; a dead letter keeps the value as received, the ledger the token verified.
         let result = await verifier.verify(trimmedASCIIWhitespace(message.value), claimsTime: message.claimsTime)
         metrics.verifySeconds.recordElapsed(since: started)
+        if let expected = message.expectedIssuer, case .success(let verified) = result, verified.token.issuer != expected {
+            return .failure(VerificationError(.otherStreamsIssuer, "the SET was signed by another issuer than the stream's (\(expected))"))
+        }
         return result.map(Verified.init)
     }
 

@@ -18,6 +18,9 @@ public struct IntakeMessage: Sendable {
     /// Set when the door could not read the message whole (Kafka skipped a corrupt record): why.
     /// It is refused as malformed, recorded and dead-lettered, never verified.
     public var unreadable: String?
+    /// The issuer whose stream it came by (a poll stream), when the door knows: a SET another
+    /// issuer signed is refused (`access_denied`), genuine or not.
+    public var expectedIssuer: String?
 
     public init(value: [UInt8], source: String, receivedAt: Double, claimsTime: SETVerifier.ClaimsTime = .now,
                 key: [UInt8]? = nil, headers: [MessageHeader] = []) {

@@ -43,6 +43,9 @@ public struct VerificationError: Error, Sendable, Equatable, CustomStringConvert
         // Issuer and audience
         case unknownIssuer = "unknown-issuer"
         case audienceMismatch = "audience-mismatch"
+        /// Genuine, but from another issuer than the stream it came by (SSF: the SET's `iss`
+        /// must be the stream's): `access_denied`.
+        case otherStreamsIssuer = "other-streams-issuer"
         // Not a verdict on the token: the issuer's keys could not be obtained. Retry later.
         case keysUnavailable = "keys-unavailable"
     }
@@ -70,6 +73,7 @@ public struct VerificationError: Error, Sendable, Equatable, CustomStringConvert
         case .unsupportedAlgorithm, .missingKeyID, .unknownKeyID, .unusableKey, .algorithmMismatch, .badSignature: .invalidKey
         case .unknownIssuer: .invalidIssuer
         case .audienceMismatch: .invalidAudience
+        case .otherStreamsIssuer: .accessDenied
         default: .invalidRequest
         }
     }

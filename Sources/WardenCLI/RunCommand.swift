@@ -361,7 +361,13 @@ struct PollService: Service {
             ) { tokens in
                 metrics.received(source: "poll", count: tokens.count)
                 let now = Date().timeIntervalSince1970
-                return await destination.persist(all: tokens.map { IntakeMessage(value: $0, source: "poll", receivedAt: now) }).map {
+                // A SET must come from the stream's own issuer (SSF): another's is refused.
+                let messages = tokens.map { token in
+                    var message = IntakeMessage(value: token, source: "poll", receivedAt: now)
+                    message.expectedIssuer = issuer
+                    return message
+                }
+                return await destination.persist(all: messages).map {
                     switch $0 {
                     case .accepted: .persisted
                     case .refused(let code): .refused(code: code, description: PushReceiver.publicDescription(code))

@@ -348,6 +348,39 @@ struct StreamCommandTests {
         await ssf.stop()
     }
 
+    /// SSF: a SET's `iss` must be its stream's issuer. A genuine SET of another configured issuer
+    /// answered by this stream's transmitter is refused (`access_denied`), not acted on.
+    @Test func aPollStreamRefusesAnotherIssuersSET() async throws {
+        let ssf = try await Self.transmitter()
+        let other = "https://other.example/"
+        let foreign = try SETMinter.token(claims: SETMinter.riscClaims(issuer: other, audience: WorkerTests.audience, subject: "s",
+                                                                       jti: "foreign-1"), key: WorkerTests.ec)
+        let own = try Self.ssfToken(ssf, jti: "own-1")
+        ssf.enqueue("/poll", [.init(body: #"{"sets":{"foreign-1":"\#(foreign)","own-1":"\#(own)"}}"#,
+                                    headers: ["Content-Type": "application/json"])])
+        ssf.serve("/poll", .init(body: #"{"sets":{}}"#, headers: ["Content-Type": "application/json"], delay: 0.3))
+        let (directory, config) = try Self.ssfConfig(ssf, bearer: "poll-token", stream: Self.pollStream(ssf))
+        let text = try String(contentsOf: config, encoding: .utf8).replacingOccurrences(of: "ledger: sqlite:ledger.sqlite", with: """
+              - issuer: \(other)
+                jwks-file: jwks.json
+                audiences: [\(WorkerTests.audience)]
+                algorithms: [ES256]
+            ledger: sqlite:ledger.sqlite
+            """)
+        try text.write(to: config, atomically: true, encoding: .utf8)
+        let worker = try WorkerProcess(config: config)
+        try await WorkerTests.waitFor("the answer acknowledged") { ssf.requests("/poll") >= 2 }
+        #expect(await worker.terminate() == 0)
+        let second = try Self.json(try #require(ssf.recordedRequests("/poll").dropFirst().first).body)
+        #expect(second["ack"] == .array(["own-1"]))
+        #expect(second["setErrs"]?.objectValue?["foreign-1"]?.objectValue?["err"] == "access_denied")
+        let reader = try SQLiteLedgerReader(path: directory.appendingPathComponent("ledger.sqlite").path)
+        #expect(try reader.events().map(\.jti) == ["own-1"])
+        #expect(try reader.deliveries().map(\.errorCode) == ["access_denied"])
+        try? FileManager.default.removeItem(at: directory)
+        await ssf.stop()
+    }
+
     /// A transmitter that ignores acknowledgements and answers every poll at once with the same
     /// SET is asked again after the idle pause, not in a tight loop writing a duplicate each time.
     @Test func aTransmitterSendingTheSameSETForeverIsNotPolledInATightLoop() async throws {
