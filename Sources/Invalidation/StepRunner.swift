@@ -570,15 +570,19 @@ public struct StepRunner: Sendable {
             switch await lease.hold() {
             case .stopped:
                 return .stopped
-            case .held(let waited):
-                if waited {
-                    // The lease's last holder may have recorded this step meanwhile.
+            case .held(let mayHaveMoved):
+                if mayHaveMoved {
+                    // Another owner may have held the lease since this process last did (it
+                    // waited for it, or the lease ran out meanwhile, as during a long retry
+                    // pause): the steps it recorded are read again, this one's and the later ones'.
                     guard let current = await persistence.retrying("ledger", {
                         try await journal.steps(ofEvent: event.eventID)
                     }) else { return .stopped }
-                    if let recorded = current.first(where: { $0.index == step.index }), recorded.status != .pending {
-                        return .recorded(failed: recorded.status == .failed)
-                    }
+                    lease.recordedElsewhere = Dictionary(current.filter { $0.status != .pending }.map { ($0.index, $0.status) },
+                                                         uniquingKeysWith: { a, _ in a })
+                }
+                if let status = lease.recordedElsewhere[step.index] {
+                    return .recorded(failed: status == .failed)
                 }
             }
             // The call and the recording of its outcome are one action for the door: a Kafka
@@ -632,11 +636,15 @@ public struct StepRunner: Sendable {
     /// This process's lease on one event's steps. While another holds it, `hold` waits;
     /// it renews the lease once a third of it is left.
     private struct Lease {
-        enum Held { case held(waited: Bool), stopped }
+        /// `mayHaveMoved`: another owner may have held the lease since this process last did.
+        enum Held { case held(mayHaveMoved: Bool), stopped }
 
         let runner: StepRunner
         let eventID: Int64
         var until: Double
+        /// The steps recorded when the ledger was last read after the lease may have moved
+        /// (by its other holder): not run again.
+        var recordedElsewhere: [Int: JournalStep.Status] = [:]
 
         /// Held, with more than a third of it left: no renewal is due.
         func isFresh(at now: Double) -> Bool { now <= until - runner.leaseSeconds / 3 }
@@ -646,13 +654,16 @@ public struct StepRunner: Sendable {
             var waited = false
             while true {
                 let now = Date().timeIntervalSince1970
-                guard !isFresh(at: now) else { return .held(waited: waited) }
+                guard !isFresh(at: now) else { return .held(mayHaveMoved: waited) }
                 guard let granted = await runner.persistence.retrying("ledger", {
                     try await journal.lease(event: eventID, owner: owner, seconds: seconds)
                 }) else { return .stopped }
                 if granted {
+                    // Run out before it was taken again (or never held: a redelivery): another
+                    // owner may have held it in between.
+                    let lapsed = now >= until
                     until = now + seconds
-                    return .held(waited: waited)
+                    return .held(mayHaveMoved: waited || lapsed)
                 }
                 if !waited {
                     runner.logger.notice("another owner runs this event's steps; waiting for its lease",

@@ -232,11 +232,39 @@ struct CoreTests {
         a.stop.stop()
         destinationA.records.close()
         await runningA.value
-        #expect(ledger.event("left-by-a")?.steps.map(\.status) == [.pending, .pending])
-        // B finds it, takes its lease, and runs both steps.
+        // B finds it (it may have already: A's lease ran out while A waited for its retry), takes its lease, and runs both steps.
         #expect(await eventually(attempts: 4000) { ledger.event("left-by-a")?.outcome == .processed })
         #expect(b.executor.calls(for: "u1") == 2)
         #expect(a.executor.calls(for: "u1") == 1)
+        b.stop.stop()
+        destinationB.records.close()
+        await intakeB.value
+    }
+
+    // A lease runs out while its holder waits to retry a step; another owner takes the event up
+    // and records every step. When the first wakes and takes the lease again, it reads what
+    // was recorded meanwhile and calls nothing again: neither the step it was to retry nor
+    // the later one.
+    @Test func aStepRecordedByAnotherOwnerDuringARetryPauseIsNotCalledAgain() async throws {
+        let ledger = MemoryLedger()
+        let a = World(ledger: ledger, steps: .init(lease: .seconds(1), owner: "replica-a"))
+        let b = World(ledger: ledger, steps: .init(lease: .seconds(1), owner: "replica-b"))
+        a.executor.script.withLock { $0["u1"] = [.retry("the target is busy", after: 3)] }
+        let destinationB = LedgerPushDestination(answerWithin: .seconds(5))
+        let intakeB = Task { await PushIntake(destination: destinationB, pipeline: b.pipeline, resumeEvery: .milliseconds(200)).run() }
+        let destinationA = LedgerPushDestination(answerWithin: .seconds(5))
+        let runningA = Task { await a.pipeline.run(destinationA.records) }
+        var pushed = Self.token(Self.issuerA, "u1", jti: "retried-by-a", key: Self.keyA)
+        pushed.receivedAt = Date().timeIntervalSince1970
+        #expect(await destinationA.persist(pushed) == .accepted)
+        #expect(await eventually(attempts: 4000) { ledger.event("retried-by-a")?.outcome == .processed })
+        #expect(b.executor.calls(for: "u1") == 2)
+        // A's pause ends (3 s after its call): it must find both steps recorded.
+        try await Task.sleep(for: .seconds(4))
+        #expect(a.executor.calls(for: "u1") == 1, "the step was called again after another owner recorded it")
+        a.stop.stop()
+        destinationA.records.close()
+        await runningA.value
         b.stop.stop()
         destinationB.records.close()
         await intakeB.value
