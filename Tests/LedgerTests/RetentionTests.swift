@@ -94,6 +94,32 @@ struct RetentionTests {
         #expect(again.events == 0 && again.rejections == 0)
     }
 
+    /// An event id names one event for ever: after retention dropped the newest events, a new
+    /// event gets a new id (SQLite would give the largest remaining id plus one).
+    @Test(arguments: Backend.allCases) func anEventIDIsNeverGivenAgainAfterRetention(_ backend: Backend) async throws {
+        let storage = try await LedgerUnderTest(backend)
+        let ledger = try await storage.open() as! any AuditingLedger
+        var ids: [Int64] = []
+        for jti in ["old-1", "old-2"] {
+            guard case .new(let id)? = try await ledger.record([.event(E.event(jti: jti), outcome: .processed, steps: [])])[0] else {
+                Issue.record("not new"); return
+            }
+            ids.append(id)
+        }
+        _ = try await pruneAll(ledger, before: 1_900_000_000, limit: 10)
+        var newer = E.event(jti: "new")
+        newer.receivedAt = 1_950_000_000
+        guard case .new(let id)? = try await ledger.record([.event(newer, outcome: .processed, steps: [])])[0] else {
+            Issue.record("not new"); return
+        }
+        #expect(id > ids.max()!, "event id \(id) was given again")
+        // The one kept goes with the next pass, once a later event holds the largest id.
+        _ = try await pruneAll(ledger, before: 1_900_000_000, limit: 10)
+        let states = try await ledger.eventStates(["old-1", "old-2", "new"].map { EventKey(issuer: "https://issuer.example/", jti: $0) })
+        #expect(Set(states.keys.map(\.jti)) == ["new"])
+        await ledger.close()
+    }
+
     @Test(arguments: Backend.allCases) func movingTheStartIsNamed(_ backend: Backend) async throws {
         let storage = try await LedgerUnderTest(backend)
         let ledger = try await audit.populated(storage)
