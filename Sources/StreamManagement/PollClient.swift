@@ -189,7 +189,8 @@ public final class PollClient: Sendable {
         lastRetryAfter.withLock { $0 = nil }
         let answer: TransmitterCall.Answer
         do {
-            answer = try await call.send("poll", .POST, settings.endpoint, json: .object(body))
+            // The descriptions in setErrs are English.
+            answer = try await call.send("poll", .POST, settings.endpoint, json: .object(body), language: errors.isEmpty ? nil : "en")
         } catch {
             observe("error")
             if !Task.isCancelled {

@@ -57,17 +57,21 @@ struct TransmitterCall: Sendable {
     }
 
     /// `name` says which call this is, in errors ("stream:update", "read the stream status").
-    func send(_ name: String, _ method: HTTPMethod, _ url: String, json: JSONValue? = nil) async throws(StreamError) -> Answer {
-        var (answer, presented) = try await once(name, method, url, json: json)
+    /// `language`: the body's natural language (`Content-Language`), for one that holds text
+    /// for people (RFC 8936 asks it with `setErrs`).
+    func send(_ name: String, _ method: HTTPMethod, _ url: String, json: JSONValue? = nil, language: String? = nil) async throws(StreamError)
+        -> Answer
+    {
+        var (answer, presented) = try await once(name, method, url, json: json, language: language)
         if answer.status == 401 {
             // A token the transmitter no longer takes (revoked, expired early): one new token, once.
-            if await credentials.invalidate(presented) { answer = try await once(name, method, url, json: json).answer }
+            if await credentials.invalidate(presented) { answer = try await once(name, method, url, json: json, language: language).answer }
         }
         return answer
     }
 
     /// The answer, and the authorization it was asked with.
-    private func once(_ name: String, _ method: HTTPMethod, _ url: String, json: JSONValue?) async throws(StreamError)
+    private func once(_ name: String, _ method: HTTPMethod, _ url: String, json: JSONValue?, language: String?) async throws(StreamError)
         -> (answer: Answer, presented: String)
     {
         var request = HTTPClientRequest(url: url)
@@ -77,6 +81,7 @@ struct TransmitterCall: Sendable {
         request.headers.add(name: "Accept", value: "application/json")
         if let json {
             request.headers.add(name: "Content-Type", value: "application/json")
+            if let language { request.headers.add(name: "Content-Language", value: language) }
             request.body = .bytes(ByteBuffer(string: json.jsonText))
         }
         do {
@@ -350,7 +355,16 @@ public struct SSFStream: StreamManager {
         guard let id = stream.objectValue?["stream_id"]?.stringValue, !id.isEmpty else {
             throw StreamError(.invalidAnswer, "create the stream: the answer has no stream_id")
         }
-        if settings.streamID == nil { try await keepStreamID(id) }
+        if settings.streamID == nil {
+            // The stream exists at the transmitter now: its id must reach the operator even when
+            // the ledger cannot keep it (creating it again is refused with 409).
+            do throws(StreamError) {
+                try await keepStreamID(id)
+            } catch {
+                throw StreamError(error.kind, "the transmitter created the stream \(id.prefix(200).debugDescription), but the ledger could not keep "
+                                  + "its id (\(error.message)); set stream-id: \(id.prefix(200).debugDescription) in the configuration to use it")
+            }
+        }
         return stream
     }
 
@@ -358,8 +372,10 @@ public struct SSFStream: StreamManager {
         let configuration = try endpoint(try await metadata().configurationEndpoint, "configuration_endpoint")
         let body: JSONObject = ["stream_id": .string(try await streamID()), "events_requested": .array(settings.events.map { .string($0) }),
                                 "delivery": deliveryObject()]
-        return try checkedStream("update the stream", try await call.send("update the stream", .PATCH, configuration, json: .object(body)),
-                                 ok: [200, 202])
+        let answer = try await call.send("update the stream", .PATCH, configuration, json: .object(body))
+        // 202: accepted, to take effect later (SSF); the answer need not hold the configuration.
+        if answer.status == 202, answer.body.allSatisfy({ [0x20, 0x09, 0x0A, 0x0D].contains($0) }) { return .object([:]) }
+        return try checkedStream("update the stream", answer, ok: [200, 202])
     }
 
     public func get() async throws(StreamError) -> JSONValue {

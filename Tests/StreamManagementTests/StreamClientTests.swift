@@ -15,23 +15,32 @@ struct StreamClientTests {
     /// Answers each URL with the JSON given for it (404 otherwise) and records what was asked.
     final class Transmitter: HTTPExchanging {
         let answers: [String: String]
+        /// A status other than 200 for a URL.
+        let statuses: [String: Int]
         let asked = Mutex<[(url: String, authorization: String?)]>([])
 
-        init(_ answers: [String: String]) { self.answers = answers }
+        init(_ answers: [String: String], statuses: [String: Int] = [:]) {
+            self.answers = answers
+            self.statuses = statuses
+        }
 
         func exchange(_ request: HTTPClientRequest, timeout: Double, maximumBodyBytes: Int) async throws(HTTPExchangeError) -> HTTPExchange {
             asked.withLock { $0.append((request.url, request.headers.first(name: "Authorization"))) }
             guard let json = answers[request.url] else { return HTTPExchange(status: .notFound, headers: [:], body: ByteBuffer()) }
-            return HTTPExchange(status: .ok, headers: ["Content-Type": "application/json"], body: ByteBuffer(string: json))
+            return HTTPExchange(status: .init(statusCode: statuses[request.url] ?? 200), headers: ["Content-Type": "application/json"],
+                                body: ByteBuffer(string: json))
         }
     }
 
     static func stream(issuer: String, _ transmitter: Transmitter, streamID: String? = "strm-1",
-                       keep: @escaping @Sendable (String?) -> Void = { _ in }) -> SSFStream {
+                       keep: @escaping @Sendable (String?) -> Void = { _ in }, ledgerDown: Bool = false) -> SSFStream {
         SSFStream(settings: StreamSettings(issuer: issuer, api: .ssf, delivery: nil, events: [], streamID: streamID, description: nil),
                   credentials: StaticBearer(token: "bearer-secret"), http: transmitter, timeout: 5,
                   storedStreamID: { () async throws(StreamError) -> String? in nil },
-                  keepStreamID: { (id: String?) async throws(StreamError) in keep(id) },
+                  keepStreamID: { (id: String?) async throws(StreamError) in
+                      if ledgerDown { throw StreamError(.unavailable, "the ledger cannot be reached") }
+                      keep(id)
+                  },
                   allowsHTTP: { url in ["127.0.0.1", "localhost", "::1"].contains(url.host ?? "") })
     }
 
@@ -59,6 +68,30 @@ struct StreamClientTests {
                 #expect(error.kind == .invalidAnswer, "\(error)")
             }
         }
+    }
+
+    /// A stream created at the transmitter whose id the ledger cannot keep: the error names the
+    /// id, so the operator can pin it (creating it again is refused with 409).
+    @Test func aCreatedStreamsIDIsToldWhenTheLedgerCannotKeepIt() async throws {
+        let transmitter = Transmitter([
+            "https://tr.example/.well-known/ssf-configuration": #"{"issuer":"https://tr.example/","configuration_endpoint":"https://tr.example/streams"}"#,
+            "https://tr.example/streams": #"{"stream_id":"strm-77","iss":"https://tr.example/"}"#,
+        ])
+        do {
+            _ = try await Self.stream(issuer: "https://tr.example/", transmitter, streamID: nil, ledgerDown: true).create()
+            Issue.record("created while the ledger could not keep the id")
+        } catch {
+            #expect(error.message.contains("strm-77") && error.message.contains("stream-id"), "\(error)")
+        }
+    }
+
+    /// SSF: an update may be answered 202 (accepted, to take effect later) with no body.
+    @Test func anUpdateAcceptedWithNoBodyIsASuccess() async throws {
+        let transmitter = Transmitter([
+            "https://tr.example/.well-known/ssf-configuration": #"{"issuer":"https://tr.example/","configuration_endpoint":"https://tr.example/streams"}"#,
+            "https://tr.example/streams": "",
+        ], statuses: ["https://tr.example/streams": 202])
+        #expect(try await Self.stream(issuer: "https://tr.example/", transmitter).update() == .object([:]))
     }
 
     @Test func anHTTPSTransmitterNamingAnHTTPEndpointOnLoopbackIsRefusedBeforeAnyCall() async throws {

@@ -332,6 +332,9 @@ struct StreamCommandTests {
         // Refused with 429, the acknowledgement is sent again; the redelivery is acknowledged again.
         #expect(bodies[2]["ack"] == bodies[1]["ack"] && bodies[2]["setErrs"] != nil)
         #expect(bodies[3]["ack"] == .array(["p-1"]) && bodies[3]["setErrs"] == nil)
+        // setErrs descriptions are English, and say so (RFC 8936).
+        let recorded = try ssf.recordedRequests("/poll")
+        #expect(recorded[1].headers["content-language"] == "en" && recorded[3].headers["content-language"] == nil)
         #expect(ssf.recordedRequests("/poll").allSatisfy { $0.headers["authorization"] == "Bearer poll-token" })
 
         let reader = try SQLiteLedgerReader(path: ledgerPath)
