@@ -380,8 +380,13 @@ struct AuditExportTests {
         let first = try await ReplayTests.replay(config, log, apply: true)
         #expect(first.status == 0, "\(first.stdout)")
         #expect(hooks.requests("/hook") == 1)
-        // Retention drops everything received before a cutoff a minute ahead.
+        // Retention drops everything received before a cutoff a minute ahead (but the newest
+        // event, kept until a later one comes so its id is never given again: one comes).
         let ledger = try SQLiteLedger(path: path)
+        let later = LedgerEvent(issuer: "https://other.example/", jti: "later", token: "h.p.s", source: "push", eventTypes: [],
+                                subject: nil, keyID: "k", algorithm: "RS256", keyThumbprint: "t", issuedAt: 0,
+                                receivedAt: Date().timeIntervalSince1970 + 3600)
+        _ = try await ledger.record([.event(later, outcome: .processed, steps: [])])
         var after: Int64 = 0, dropped = 0
         while true {
             let result = try await ledger.prune(before: Date().timeIntervalSince1970 + 60, limit: 100, afterEventID: after)
