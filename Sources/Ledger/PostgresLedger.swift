@@ -16,13 +16,25 @@ public final class PostgresLedger: AuditingLedger {
     public let location: Location
     private let client: PostgresClient
     let logger: Logger
+    /// This process's clock. Leases are set and compared on the server's clock (replicas on
+    /// several hosts share the ledger, and their clocks differ); this one only turns a lease's
+    /// end, as the caller gives it, into a length of time from now.
+    let clock: @Sendable () -> Double
 
     /// Makes the connection pool; nothing connects until `run()`.
-    public init(_ location: Location, logger: Logger) {
+    public convenience init(_ location: Location, logger: Logger) {
+        self.init(location, logger: logger, clock: { Date().timeIntervalSince1970 })
+    }
+
+    init(_ location: Location, logger: Logger, clock: @escaping @Sendable () -> Double) {
         self.location = location
         self.logger = logger
+        self.clock = clock
         self.client = location.makeClient(maximumConnections: 8, logger: logger)
     }
+
+    /// The server's time, seconds since 1970, in SQL.
+    static let serverNow = "extract(epoch from clock_timestamp())::double precision"
 
     /// Runs the connection pool until the task is cancelled or the service group shuts down.
     /// Every query waits for it.
@@ -204,12 +216,14 @@ public final class PostgresLedger: AuditingLedger {
         -> Claim
     {
         let types = jsonArray(e.eventTypes), kinds = jsonArray(steps.map(\.kind))
+        // The lease as a length of time, ended on the server's clock.
+        let leaseLeft = e.leaseUntil.map { $0 - clock() }
         let inserted = try await connection.query("""
             INSERT INTO events (issuer, jti, token, source, event_types, subject, key_id, algorithm, key_thumbprint,
                                 issued_at, received_at, outcome, steps, updated_at, lease_owner, lease_until)
             VALUES (\(e.issuer), \(e.jti), \(e.token), \(e.source), \(types), \(e.subject), \(e.keyID), \(e.algorithm),
                     \(e.keyThumbprint), \(e.issuedAt), \(e.receivedAt), \(outcome.rawValue), \(kinds), \(e.receivedAt),
-                    \(e.leaseOwner), \(e.leaseUntil))
+                    \(e.leaseOwner), \(leaseLeft)::double precision + \(unescaped: Self.serverNow))
             ON CONFLICT (issuer, jti) DO NOTHING
             RETURNING id
             """, logger: logger)
@@ -325,11 +339,12 @@ public final class PostgresLedger: AuditingLedger {
 
     public func lease(event eventID: Int64, owner: String, seconds: Double) async throws(LedgerError) -> Bool {
         try await transaction("lease") { connection in
-            let now = Date().timeIntervalSince1970
             var granted = false
+            // On the server's clock: a replica whose clock runs ahead must not find a live lease run out.
             for try await _ in try await connection.query("""
-                UPDATE events SET lease_owner = \(owner), lease_until = \(now + seconds)
-                WHERE id = \(eventID) AND (lease_owner IS NULL OR lease_owner = \(owner) OR lease_until < \(now)) RETURNING id
+                UPDATE events SET lease_owner = \(owner), lease_until = \(unescaped: Self.serverNow) + \(seconds)
+                WHERE id = \(eventID) AND (lease_owner IS NULL OR lease_owner = \(owner) OR lease_until < \(unescaped: Self.serverNow))
+                RETURNING id
                 """, logger: self.logger).decode(Int64.self) { granted = true }
             return granted
         }
@@ -338,12 +353,15 @@ public final class PostgresLedger: AuditingLedger {
     public func pendingEvents(receivedBefore: Double, afterID: Int64, limit: Int, unleasedAt: Double?) async throws(LedgerError)
         -> [PendingEvent]
     {
-        try await transaction("read pending events") { connection in
+        // The time asked about, as seconds from now on the server's clock.
+        let unleasedAfter = unleasedAt.map { $0 - clock() }
+        return try await transaction("read pending events") { connection in
             var events: [PendingEvent] = []
             let rows = try await connection.query("""
                 SELECT id, token, source, received_at FROM events
                 WHERE id IN (SELECT event_id FROM steps WHERE status = 'pending') AND id > \(afterID) AND received_at < \(receivedBefore)
-                  AND (\(unleasedAt)::double precision IS NULL OR lease_until IS NULL OR lease_until < \(unleasedAt))
+                  AND (\(unleasedAfter)::double precision IS NULL OR lease_until IS NULL
+                       OR lease_until < \(unleasedAfter)::double precision + \(unescaped: Self.serverNow))
                 ORDER BY id LIMIT \(limit)
                 """, logger: self.logger)
             for try await (id, token, source, receivedAt) in rows.decode((Int64, String, String, Double).self) {

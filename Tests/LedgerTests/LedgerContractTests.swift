@@ -1,5 +1,5 @@
 import Foundation
-import Ledger
+@testable import Ledger
 import Logging
 import Synchronization
 import Testing
@@ -297,6 +297,39 @@ struct LedgerContractTests {
             if !ready { try await Task.sleep(for: .milliseconds(100)) }
         }
         #expect(ready, "writable again, the ledger reads ready again")
+        await ledger.close()
+    }
+
+    /// Replicas on several hosts share a PostgreSQL ledger, and their clocks differ: a lease is
+    /// set and compared on the server's clock, so a replica whose clock runs two minutes ahead
+    /// neither takes a live lease nor lists its event as free.
+    @Test func aReplicaWhoseClockRunsAheadCannotTakeALiveLease() async throws {
+        let storage = try await LedgerUnderTest(.postgres)
+        let ledger = try await storage.open()
+        let step = OutboxStep(index: 0, kind: "notify", action: "{}")
+        guard case .new(let id) = try await ledger.claim(E.event(jti: "leased"), outcome: .pending, steps: [step]) else {
+            Issue.record("not new"); return
+        }
+        #expect(try await ledger.lease(event: id, owner: "replica-a", seconds: 60))
+        var logger = Logger(label: "ledger-test")
+        logger.logLevel = .critical
+        let skew = 120.0
+        let ahead = PostgresLedger(.init(host: "127.0.0.1", port: storage.server!.port, username: storage.server!.username,
+                                         database: storage.database), logger: logger, clock: { Date().timeIntervalSince1970 + skew })
+        let pool = Task { await ahead.run() }
+        defer { pool.cancel() }
+        try await ahead.open()
+        #expect(try await ahead.lease(event: id, owner: "replica-b", seconds: 10) == false, "a live lease taken by a clock ahead")
+        #expect(try await ahead.pendingEvents(receivedBefore: 2e9, afterID: 0, limit: 10, unleasedAt: Date().timeIntervalSince1970 + skew)
+            .isEmpty)
+        // A claim's lease from that replica lasts its length on the server's clock.
+        var claimed = E.event(jti: "claimed-ahead")
+        claimed.leaseOwner = "replica-b"
+        claimed.leaseUntil = Date().timeIntervalSince1970 + skew + 30
+        guard case .new(let other) = try await ahead.claim(claimed, outcome: .pending, steps: [step]) else { Issue.record("not new"); return }
+        #expect(try await ledger.lease(event: other, owner: "replica-a", seconds: 10) == false)
+        #expect(try await ledger.pendingEvents(receivedBefore: 2e9, afterID: 0, limit: 10, unleasedAt: Date().timeIntervalSince1970 + 60)
+            .map(\.id) == [id, other])
         await ledger.close()
     }
 }
