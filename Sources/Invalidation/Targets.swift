@@ -97,12 +97,24 @@ public enum TargetSettings: Sendable, Hashable {
         }
     }
 
+    /// A URL as shown: without a user and password, and with its query (a webhook's
+    /// `?token=…`) only said to be there.
+    static func shown(_ url: URL) -> String {
+        guard var components = URLComponents(url: url, resolvingAgainstBaseURL: false) else { return "(a URL that cannot be shown)" }
+        components.user = nil
+        components.password = nil
+        let hasQuery = components.query != nil
+        components.query = nil
+        components.fragment = nil
+        return (components.string ?? "(a URL that cannot be shown)") + (hasQuery ? "?…" : "")
+    }
+
     /// One line for `check-config` and logs, without secrets.
     public var summary: String {
         switch self {
         case .redis(let settings): "redis \(settings.summary)"
-        case .revoke(let endpoint): "revoke \(endpoint.url.absoluteString) (auth \(endpoint.authentication.name))"
-        case .webhook(let endpoint): "webhook \(endpoint.url.absoluteString)"
+        case .revoke(let endpoint): "revoke \(Self.shown(endpoint.url)) (auth \(endpoint.authentication.name))"
+        case .webhook(let endpoint): "webhook \(Self.shown(endpoint.url))"
         case .sql(let location):
             // A PostgreSQL URL is shown without its password.
             "sql \((try? PostgresLocation.parse(location).get())?.description ?? location)"

@@ -1,3 +1,4 @@
+import SecurityEvents
 /// RFC 8935 §2.3 / SSF error codes, as the push receiver answers them in its 400 body.
 public enum SETErrorCode: String, Sendable, Hashable, CaseIterable {
     case invalidRequest = "invalid_request"
@@ -61,8 +62,9 @@ public struct VerificationError: Error, Sendable, Equatable, CustomStringConvert
         // A description may quote what an attacker wrote (an event URI, a member name). It goes
         // to logs, dead-letter headers and the ledger's text columns, so control characters
         // (U+0000 above all, which PostgreSQL's text refuses) are replaced here, once.
-        self.description = description.utf8.contains(where: { $0 < 0x20 || $0 == 0x7F })
-            ? String(description.unicodeScalars.map { $0.value < 0x20 || $0.value == 0x7F ? "?" : Character($0) })
+        // C1 characters too (U+009B is CSI): the description may reach a terminal.
+        self.description = hasControlCharacters(description)
+            ? String(description.unicodeScalars.map { isControl($0) ? "?" : Character($0) })
             : description
     }
 
@@ -90,7 +92,7 @@ func quoted(_ text: String, limit: Int = 80) -> String {
     // Counted in scalars, not characters: one character may hold any number of combining
     // marks, and the limit must bound the bytes echoed.
     var cleaned = String.UnicodeScalarView()
-    cleaned.append(contentsOf: text.unicodeScalars.prefix(limit + 1).map { $0.value < 0x20 || $0.value == 0x7F ? "?" : $0 })
+    cleaned.append(contentsOf: text.unicodeScalars.prefix(limit + 1).map { isControl($0) ? "?" : $0 })
     if cleaned.count <= limit { return "\"\(String(cleaned))\"" }
     return "\"\(String(String.UnicodeScalarView(cleaned.prefix(limit))))…\""
 }

@@ -2,6 +2,7 @@ import Dispatch
 import Foundation
 import Invalidation
 import Logging
+import SecurityEvents
 import ServiceLifecycle
 import Synchronization
 
@@ -156,5 +157,34 @@ struct SharedLevelLogHandler: LogHandler {
         set { inner[metadataKey: key] = newValue }
     }
 
-    func log(event: LogEvent) { inner.log(event: event) }
+    /// The message and metadata with control characters written `\u{…}`: values may quote what
+    /// a token's signer or a transmitter chose (a `jti` holding a line break forges a log line; an
+    /// escape sequence drives the terminal the log is read on).
+    func log(event: LogEvent) {
+        var event = event
+        let message = event.message.description
+        if hasControlCharacters(message) { event.message = "\(escapingControlCharacters(message))" }
+        if let metadata = event.metadata, metadata.values.contains(where: Self.needsEscaping) {
+            event.metadata = metadata.mapValues(Self.escaped)
+        }
+        inner.log(event: event)
+    }
+
+    static func needsEscaping(_ value: Logger.Metadata.Value) -> Bool {
+        switch value {
+        case .string(let s): hasControlCharacters(s)
+        case .stringConvertible(let c): hasControlCharacters(c.description)
+        case .array(let items): items.contains(where: needsEscaping)
+        case .dictionary(let d): d.values.contains(where: needsEscaping)
+        }
+    }
+
+    static func escaped(_ value: Logger.Metadata.Value) -> Logger.Metadata.Value {
+        switch value {
+        case .string(let s): .string(escapingControlCharacters(s))
+        case .stringConvertible(let c): .string(escapingControlCharacters(c.description))
+        case .array(let items): .array(items.map(escaped))
+        case .dictionary(let d): .dictionary(d.mapValues(escaped))
+        }
+    }
 }

@@ -113,14 +113,5 @@ extension WardenCommand {
 /// written `\u{…}`: an error may quote what a transmitter, a log line or a token chose, and
 /// must not drive the terminal (escape sequences that retitle it, write the clipboard, hide text).
 func standardError(_ text: String) {
-    var out = ""
-    out.reserveCapacity(text.utf8.count)
-    for scalar in text.unicodeScalars {
-        switch scalar.value {
-        case 0x0A, 0x09: out.unicodeScalars.append(scalar)
-        case 0..<0x20, 0x7F, 0x80..<0xA0: out += "\\u{\(String(scalar.value, radix: 16))}"
-        default: out.unicodeScalars.append(scalar)
-        }
-    }
-    FileHandle.standardError.write(Data(out.utf8))
+    FileHandle.standardError.write(Data(escapingControlCharacters(text, keeping: ["\n", "\t"]).utf8))
 }

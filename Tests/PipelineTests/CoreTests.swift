@@ -139,6 +139,20 @@ struct CoreTests {
         await running.value
     }
 
+    /// Pushed (or polled) into the ledger, such a SET is answered "try again later", not 400:
+    /// the refusal is this receiver's, and a 400 would have the sender drop a genuine SET.
+    @Test func aPushedSETWhoseLookupIsRefusedIsAnsweredTryAgainLater() async throws {
+        let world = World(resolver: RefusingResolver(refused: "u-refused"))
+        let destination = LedgerPushDestination(answerWithin: .seconds(5))
+        let running = Task { await world.pipeline.run(destination.records) }
+        var pushed = Self.token(Self.issuerA, "u-refused", jti: "pushed-refused", key: Self.keyA)
+        pushed.receivedAt = Date().timeIntervalSince1970
+        #expect(await destination.persist(pushed) == .unavailable)
+        world.stop.stop()
+        destination.records.close()
+        await running.value
+    }
+
     static func verification(_ issuer: String, state: String?, jti: String, key: SigningKey) -> IntakeMessage {
         let payload: JSONObject = state.map { ["state": .string($0)] } ?? [:]
         let claims: JSONObject = ["iss": .string(issuer), "aud": .string(audience), "iat": .number(Date().timeIntervalSince1970.rounded(.down)),

@@ -206,6 +206,15 @@ struct VerifierRejectionTests {
         #expect((result.error?.description.utf8.count ?? .max) < 1024, "\(result.error?.description.utf8.count ?? 0) bytes")
     }
 
+    /// C1 control characters (U+009B is CSI, U+009D OSC) drive a terminal as their ESC forms
+    /// do: none reaches an error's description, whatever the token says.
+    @Test func c1ControlCharactersNeverReachAnErrorDescription() async throws {
+        let iss = "https://x.example/\u{9b}2J\u{9d}52;c;cHduZWQ=\u{9c}"
+        let token = Base64URL.encode(#"{"alg":"RS256","kid":"rsa-1"}"#) + "." + Base64URL.encode(JSONValue.object(["iss": .string(iss)]).jsonText) + ".AAAA"
+        let description = try #require(await verifier().verify(token).error?.description)
+        #expect(!description.unicodeScalars.contains { (0x80..<0xA0).contains($0.value) || $0.value < 0x20 }, "\(description.debugDescription)")
+    }
+
     /// A modulus padded with leading zero bytes is the same key, sized without them.
     @Test func aZeroPaddedModulusIsSizedWithoutItsPadding() async throws {
         var jwk = Keys.rsa.publicJWK

@@ -88,6 +88,10 @@ struct InvalidationConfigTests {
         guard case .webhook(let hook)? = c.targets["app"] else { Issue.record("app"); return }
         #expect(hook.url.absoluteString == "http://app.internal/hooks/security")
         #expect(error("targets: {app: {webhook: {url: ftp://app.internal/hooks, hmac-secret: k}}}").contains("must be an http or https URL"))
+        // A password or a query token in the URL is not shown (check-config, start-up lines).
+        let secretive = try parse(#"targets: {app: {webhook: {url: "https://hook:hunter2@app.internal/h?token=s3cret", hmac-secret: k}}}"#)
+        let summary = try #require(secretive.targets["app"]).summary
+        #expect(summary == "webhook https://app.internal/h?…", "\(summary)")
         #expect(error("targets: {r: {revoke: {endpoint: http://auth.internal/revoke, auth: none}}}").contains("must use https"))
     }
 

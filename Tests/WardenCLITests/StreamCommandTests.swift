@@ -333,7 +333,7 @@ struct StreamCommandTests {
         #expect(bodies[2]["ack"] == bodies[1]["ack"] && bodies[2]["setErrs"] != nil)
         #expect(bodies[3]["ack"] == .array(["p-1"]) && bodies[3]["setErrs"] == nil)
         // setErrs descriptions are English, and say so (RFC 8936).
-        let recorded = try ssf.recordedRequests("/poll")
+        let recorded = ssf.recordedRequests("/poll")
         #expect(recorded[1].headers["content-language"] == "en" && recorded[3].headers["content-language"] == nil)
         #expect(ssf.recordedRequests("/poll").allSatisfy { $0.headers["authorization"] == "Bearer poll-token" })
 
