@@ -106,6 +106,7 @@ public struct EventPipeline: Sendable {
                 turn.mine.open(passed: disposition != .abandoned)
                 lanes.leave(work.subjectKey, turn.mine)
                 acting.add(-1)
+                processor.inSteps.leave(work.eventID)
             }
             group.addTask {
                 // Discarding: a long-running worker does not keep a result per finished event.
@@ -118,6 +119,7 @@ public struct EventPipeline: Sendable {
                         for work in written {
                             let turn = lanes.enter(work.subjectKey)
                             acting.add(1)
+                            processor.inSteps.take(work.eventID)
                             if turn.previous == nil, work.isNew {
                                 together.append((work, turn))
                                 continue

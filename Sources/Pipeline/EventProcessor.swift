@@ -40,6 +40,9 @@ public struct EventProcessor: Sendable {
     let persistence: Persistence
     /// Runs events' steps and records their outcomes in the ledger.
     let steps: StepRunner
+    /// The events whose steps this process has taken in hand (in their subject's lane, until
+    /// settled), a retry pause included: a resume pass leaves them to it.
+    let inSteps = EventsInHand()
 
     public init(verifier: SETVerifier, ledger: any Ledger, deadLetters: any DeadLetterSink, metrics: WardenMetrics,
                 logger: Logger, stop: StopSignal, engine: InvalidationEngine = .recordOnly, configuration: Configuration = .init()) {
@@ -615,4 +618,20 @@ extension WardenMetrics: StepObserver {
     }
     public func eventDone(afterArrival seconds: Double) { eventToDone.recordNanoseconds(Int64(min(seconds, 1e9) * 1e9)) }
     public func breaker(target: String, open: Bool) { gauge("warden_circuit_breaker_open", [("target", target)]).record(open ? 1 : 0) }
+}
+
+/// Event ids with a count of the works holding each (a redelivery may hold one beside its
+/// first delivery).
+final class EventsInHand: Sendable {
+    private let held = Mutex<[Int64: Int]>([:])
+
+    func take(_ eventID: Int64) { held.withLock { $0[eventID, default: 0] += 1 } }
+
+    func leave(_ eventID: Int64) {
+        held.withLock { h in
+            if let n = h[eventID], n > 1 { h[eventID] = n - 1 } else { h[eventID] = nil }
+        }
+    }
+
+    func contains(_ eventID: Int64) -> Bool { held.withLock { $0[eventID] != nil } }
 }

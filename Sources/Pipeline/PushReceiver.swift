@@ -478,22 +478,25 @@ public struct PushIntake: Service {
     public func run() async {
         let feed = destination.records
         let processor = pipeline.processor
-        let resume = PendingStepsResume(processor: processor, receivedBefore: Date().timeIntervalSince1970)
+        // Events whose stored token no longer verifies: left pending, not tried again every pass.
+        let givenUp = GivenUpEvents()
+        let resume = PendingStepsResume(processor: processor, receivedBefore: Date().timeIntervalSince1970, givenUp: givenUp)
         await withGracefulShutdownHandler {
-            // The first page of what was left goes in ahead of any request already waiting.
-            var page = await resume.nextPage()
-            // Closed meanwhile (the process is stopping): nothing of the page was taken.
-            if let first = page, !feed.submitFront(first.records) { page = nil }
             await withDiscardingTaskGroup { group in
+                // Requests are taken (and answered, 503 once they waited too long) from the
+                // start, whatever reading what was left pending meets (a ledger down).
                 group.addTask { await pipeline.run(feed) }
-                // Requests that waited too long are answered 503 (the ledger may be down).
                 group.addTask { await destination.sweep() }
-                guard await Self.resume(resume, from: page, into: feed) else { return }
+                // What was left goes in ahead of the requests waiting: older events first.
+                if let first = await resume.nextPage() {
+                    guard feed.submitFront(first.records), await Self.resume(resume, from: first, into: feed) else { return }
+                }
                 // Now and then: what no process works on any more (a replica stopped while its
-                // steps waited for a retry, or was killed).
+                // steps waited for a retry, or was killed). This process's own events, a retry
+                // pause included, are its own to finish.
                 while await processor.stop.pause(resumeEvery / .seconds(1)) {
                     let now = Date().timeIntervalSince1970
-                    let pass = PendingStepsResume(processor: processor, receivedBefore: now, unleasedAt: now)
+                    let pass = PendingStepsResume(processor: processor, receivedBefore: now, unleasedAt: now, givenUp: givenUp)
                     guard let first = await pass.nextPage() else { continue }
                     guard feed.submitFront(first.records), await Self.resume(pass, from: first, into: feed) else { return }
                 }
@@ -572,37 +575,53 @@ final class PendingStepsResume: Sendable {
     /// When given, only events whose lease is free at this time: none is taken while its owner
     /// works on it.
     let unleasedAt: Double?
+    /// Events a pass before found no longer verify: not read again.
+    let givenUp: GivenUpEvents
     private let lastID = Mutex<Int64>(0)
 
-    init(processor: EventProcessor, receivedBefore: Double, unleasedAt: Double? = nil) {
+    init(processor: EventProcessor, receivedBefore: Double, unleasedAt: Double? = nil, givenUp: GivenUpEvents = GivenUpEvents()) {
         self.processor = processor
         self.receivedBefore = receivedBefore
         self.unleasedAt = unleasedAt
+        self.givenUp = givenUp
     }
 
     /// The next page's records, or nil when nothing (more) is pending or the process is stopping.
+    /// Events this process holds in hand (its own, a retry pause included) and those given up
+    /// are passed over.
     func nextPage() async -> (records: [IntakeRecord], page: Page)? {
-        let after = lastID.withLock { $0 }
-        let read = await processor.attempting("ledger") {
-            try await processor.ledger.pendingEvents(receivedBefore: receivedBefore, afterID: after, limit: Self.pageSize,
-                                                     unleasedAt: unleasedAt)
-        }
+        var read: Persistence.Attempted<[PendingEvent]>
+        var after: Int64
+        var full = false
+        repeat {
+            after = lastID.withLock { $0 }
+            let from = after
+            read = await processor.attempting("ledger") {
+                try await processor.ledger.pendingEvents(receivedBefore: receivedBefore, afterID: from, limit: Self.pageSize,
+                                                         unleasedAt: unleasedAt)
+            }
+            guard case .done(let listed) = read, let last = listed.last else { break }
+            lastID.withLock { $0 = last.id }
+            full = listed.count == Self.pageSize
+            let taken = listed.filter { !processor.inSteps.contains($0.id) && !givenUp.contains($0.id) }
+            read = .done(taken)
+            if !taken.isEmpty || !full { break }
+        } while true
         switch read {
         case .done(let events):
-            guard let last = events.last else { return nil }
-            lastID.withLock { $0 = last.id }
+            guard !events.isEmpty else { return nil }
             if after == 0 {
                 processor.logger.notice("resuming events whose steps were left pending", metadata: ["warden.events": "\(events.count)\(events.count == Self.pageSize ? "+" : "")"])
             }
             processor.metrics.counter("warden_events_resumed_total").increment(by: events.count)
-            let page = Page(count: events.count, isLast: events.count < Self.pageSize)
+            let page = Page(count: events.count, isLast: !full)
             let records = events.map { event in
                 // Its claims are judged as of when it first arrived: a `max-age` passed during an
                 // outage must not strand steps whose SET was acknowledged.
                 IntakeRecord(IntakeMessage(value: event.token, source: Self.source, receivedAt: Date().timeIntervalSince1970,
                                            claimsTime: .at(event.receivedAt)),
                              acknowledgement: ResumeAcknowledgement(eventID: event.id, page: page, metrics: processor.metrics,
-                                                                    logger: processor.logger))
+                                                                    logger: processor.logger, givenUp: givenUp))
             }
             return (records, page)
         case .stopped:
@@ -614,18 +633,30 @@ final class PendingStepsResume: Sendable {
     }
 }
 
+/// Events a resume found no longer verify (or whose stored token names another event): this
+/// process does not read them again (a new start does). At most `limit` are kept.
+final class GivenUpEvents: Sendable {
+    static let limit = 100_000
+    private let ids = Mutex<Set<Int64>>([])
+
+    func insert(_ id: Int64) { ids.withLock { if $0.count < Self.limit { $0.insert(id) } } }
+    func contains(_ id: Int64) -> Bool { ids.withLock { $0.contains(id) } }
+}
+
 /// A resumed event's acknowledgement: nobody waits for an answer; what became of it is logged.
 final class ResumeAcknowledgement: Acknowledgement {
     let eventID: Int64
     let page: PendingStepsResume.Page
     let metrics: WardenMetrics
     let logger: Logger
+    let givenUp: GivenUpEvents
 
-    init(eventID: Int64, page: PendingStepsResume.Page, metrics: WardenMetrics, logger: Logger) {
+    init(eventID: Int64, page: PendingStepsResume.Page, metrics: WardenMetrics, logger: Logger, givenUp: GivenUpEvents) {
         self.eventID = eventID
         self.page = page
         self.metrics = metrics
         self.logger = logger
+        self.givenUp = givenUp
     }
 
     func settle(_ disposition: Disposition) {
@@ -637,13 +668,16 @@ final class ResumeAcknowledgement: Acknowledgement {
             break  // stopping: the next start resumes it
         case .rejected(let code, let description):
             // Its issuer's keys no longer vouch for the stored token (a key removed since):
-            // nothing is done on its strength; its steps stay pending, visible in the ledger.
+            // nothing is done on its strength; its steps stay pending, visible in the ledger (and
+            // resumed again at the next start, not by every pass of this process).
+            givenUp.insert(eventID)
             metrics.counter("warden_resume_failures_total").increment()
             logger.error("a stored event no longer verifies; its pending steps were not run", metadata: [
                 "warden.event_id": "\(eventID)", "warden.err": "\(code)", "warden.reason": "\(description)",
             ])
         case .duplicate, .recorded:
             // The stored token names another event than the row it was read from.
+            givenUp.insert(eventID)
             metrics.counter("warden_resume_failures_total").increment()
             logger.error("a stored token does not match its event; its pending steps were not run", metadata: [
                 "warden.event_id": "\(eventID)", "warden.disposition": "\(disposition)",

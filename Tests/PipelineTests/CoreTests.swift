@@ -284,6 +284,79 @@ struct CoreTests {
         await intakeB.value
     }
 
+    // A process's own event waiting out retries (its lease runs out between them) is its own to
+    // finish: the resume passes leave it, and do not stall behind it while another replica's
+    // event waits.
+    @Test func resumePassesLeaveThisProcesssOwnRetryingEvents() async throws {
+        let ledger = MemoryLedger()
+        let a = World(ledger: ledger, steps: .init(lease: .seconds(2), owner: "replica-a"))
+        let b = World(ledger: ledger, steps: .init(lease: .seconds(1), owner: "replica-b"))
+        b.executor.script.withLock { $0["u1"] = Array(repeating: .retry("busy", after: 1.5), count: 1000) }
+        let destinationB = LedgerPushDestination(answerWithin: .seconds(5))
+        let intakeB = Task { await PushIntake(destination: destinationB, pipeline: b.pipeline, resumeEvery: .milliseconds(200)).run() }
+        var own = Self.token(Self.issuerA, "u1", jti: "bs-own", key: Self.keyA)
+        own.receivedAt = Date().timeIntervalSince1970
+        #expect(await destinationB.persist(own) == .accepted)
+        // Its lease runs out during the first pause; passes come meanwhile.
+        try await Task.sleep(for: .seconds(2))
+        // Another replica leaves an event pending.
+        a.executor.script.withLock { $0["u2"] = [.retry("down", after: 30)] }
+        let destinationA = LedgerPushDestination(answerWithin: .seconds(5))
+        let runningA = Task { await a.pipeline.run(destinationA.records) }
+        var left = Self.token(Self.issuerA, "u2", jti: "left-by-a", key: Self.keyA)
+        left.receivedAt = Date().timeIntervalSince1970
+        #expect(await destinationA.persist(left) == .accepted)
+        #expect(await eventually { a.executor.calls(for: "u2") == 1 })
+        a.stop.stop()
+        destinationA.records.close()
+        await runningA.value
+        #expect(await eventually(attempts: 2000) { ledger.event("left-by-a")?.outcome == .processed }, "a pass stalled behind the process's own event")
+        // The own event never had a second run beside its first: one call at a time, one per pause.
+        #expect(b.executor.calls(for: "u1") <= 1 + 12 / 1)
+        b.stop.stop()
+        destinationB.records.close()
+        await intakeB.value
+    }
+
+    // A stored event whose token no longer verifies is left pending and counted once, not
+    // verified and refused again by every pass.
+    @Test func aStoredEventThatNoLongerVerifiesIsNotTriedEveryPass() async throws {
+        let world = World()
+        let forged = Self.token(Self.issuerA, "u3", jti: "no-longer", key: Self.keyB1)  // not A's key
+        let event = LedgerEvent(issuer: Self.issuerA, jti: "no-longer", tokenBytes: forged.value, source: "push", eventTypes: [EventType.sessionsRevoked.uri],
+                                subject: nil, keyID: "a1", algorithm: "RS256", keyThumbprint: "t", issuedAt: 0,
+                                receivedAt: Date().timeIntervalSince1970 - 10)
+        _ = try await world.ledger.claim(event, outcome: .pending, steps: [OutboxStep(index: 0, kind: "purge-set", action: "{}")])
+        let destination = LedgerPushDestination(answerWithin: .seconds(5))
+        let intake = Task { await PushIntake(destination: destination, pipeline: world.pipeline, resumeEvery: .milliseconds(100)).run() }
+        #expect(await eventually { world.ledger.rejections.count >= 1 })
+        try await Task.sleep(for: .seconds(1.5))
+        #expect(world.ledger.rejections.count == 1, "\(world.ledger.rejections.count) rejections of one stored event")
+        world.stop.stop()
+        destination.records.close()
+        await intake.value
+    }
+
+    // Requests are taken and answered from the start, whatever reading the events left pending
+    // meets: a ledger that cannot be read must not leave pushes unanswered (nor hang shutdown).
+    @Test func pushesAreAnsweredWhileWhatWasLeftCannotBeRead() async throws {
+        let world = World()
+        world.ledger.state.withLock { $0.pendingReadsFail = true }
+        let destination = LedgerPushDestination(answerWithin: .seconds(1))
+        let intake = Task { await PushIntake(destination: destination, pipeline: world.pipeline).run() }
+        var message = Self.token(Self.issuerA, "u4", jti: "while-unreadable", key: Self.keyA)
+        message.receivedAt = Date().timeIntervalSince1970
+        let pushed = message
+        // Not awaited: a request nobody answers must fail this test, not hang it.
+        let answered = Mutex<PushOutcome?>(nil)
+        _ = Task { let answer = await destination.persist(pushed); answered.withLock { $0 = answer } }
+        #expect(await eventually { answered.withLock { $0 } != nil })
+        #expect(answered.withLock { $0 } == .accepted)
+        world.stop.stop()
+        destination.records.close()
+        await intake.value
+    }
+
     // While the ledger is down a push is answered "try again later" once its deadline passes:
     // the request does not hang (nor does shutdown, which waits for requests). The record, kept
     // by the pipeline, is recorded once the ledger is back, and the sender's retry is then a

@@ -37,6 +37,8 @@ final class MemoryLedger: Ledger {
         var intakeWrites: [Int] = []
         /// How long each lease write takes (a ledger busy with other writes).
         var leaseDelay: Duration? = nil
+        /// Reads of pending events fail (transiently) while set.
+        var pendingReadsFail = false
     }
 
     let state = Mutex(State())
@@ -140,7 +142,8 @@ final class MemoryLedger: Ledger {
     }
 
     func pendingEvents(receivedBefore: Double, afterID: Int64, limit: Int, unleasedAt: Double?) async throws(LedgerError) -> [PendingEvent] {
-        state.withLock { s in
+        if state.withLock({ $0.pendingReadsFail }) { throw LedgerError(.unavailable, "the test ledger cannot be read") }
+        return state.withLock { s in
             s.events.filter { e in
                 e.id > afterID && e.receivedAt < receivedBefore && e.steps.contains { $0.status == .pending }
                     && (unleasedAt.map { e.leaseOwner == nil || e.leaseUntil < $0 } ?? true)
