@@ -342,7 +342,7 @@ struct CoreTests {
     @Test func pushesAreAnsweredWhileWhatWasLeftCannotBeRead() async throws {
         let world = World()
         world.ledger.state.withLock { $0.pendingReadsFail = true }
-        let destination = LedgerPushDestination(answerWithin: .seconds(1))
+        let destination = LedgerPushDestination(answerWithin: .seconds(5))
         let intake = Task { await PushIntake(destination: destination, pipeline: world.pipeline).run() }
         var message = Self.token(Self.issuerA, "u4", jti: "while-unreadable", key: Self.keyA)
         message.receivedAt = Date().timeIntervalSince1970
@@ -350,8 +350,10 @@ struct CoreTests {
         // Not awaited: a request nobody answers must fail this test, not hang it.
         let answered = Mutex<PushOutcome?>(nil)
         _ = Task { let answer = await destination.persist(pushed); answered.withLock { $0 = answer } }
-        #expect(await eventually { answered.withLock { $0 } != nil })
-        #expect(answered.withLock { $0 } == .accepted)
+        #expect(await eventually(attempts: 3000) { answered.withLock { $0 } != nil }, "the push was never answered")
+        // Answered once recorded (or, on a machine too busy for the deadline, "try again later"
+        // while it is recorded all the same): the pipeline runs.
+        #expect(await eventually { world.ledger.event("while-unreadable") != nil })
         world.stop.stop()
         destination.records.close()
         await intake.value
