@@ -411,17 +411,18 @@ public struct RedisStepExecutor: StepExecutor {
     }
 
     func send(_ client: RedisClient, _ commands: [[String]]) async throws(StepFailure) -> [RedisReply] {
-        do {
-            return try await client.pipeline(commands)
-        } catch {
-            throw error.isRetryable ? .unreachable(error.message) : .refused(error.message)
-        }
+        try await Self.replies { () async throws(RedisError) in try await client.pipeline(commands) }
     }
 
     /// `send`, for commands whose arguments are bytes (keys as the server listed them).
     func send(_ client: RedisClient, _ commands: [[[UInt8]]]) async throws(StepFailure) -> [RedisReply] {
+        try await Self.replies { () async throws(RedisError) in try await client.pipeline(commands) }
+    }
+
+    /// A round trip's replies; a connection problem is `unreachable` (retried), anything else `refused`.
+    private static func replies(_ roundTrip: () async throws(RedisError) -> [RedisReply]) async throws(StepFailure) -> [RedisReply] {
         do {
-            return try await client.pipeline(commands)
+            return try await roundTrip()
         } catch {
             throw error.isRetryable ? .unreachable(error.message) : .refused(error.message)
         }
@@ -430,9 +431,7 @@ public struct RedisStepExecutor: StepExecutor {
     /// One command's reply, an error reply failing the step (`check`): a lookup the server
     /// refused is not "nothing there", or a revoked token would be recorded done and kept.
     func checked(_ client: RedisClient, _ command: [String]) async throws(StepFailure) -> RedisReply {
-        let reply = try await send(client, [command])[0]
-        try check([reply])
-        return reply
+        try await checked(client, command.map { Array($0.utf8) })
     }
 
     func checked(_ client: RedisClient, _ command: [[UInt8]]) async throws(StepFailure) -> RedisReply {

@@ -78,7 +78,6 @@ public struct EventPipeline: Sendable {
             // are under way at once, so the ledger goes from one to the next without waiting
             // for this task to run again; while they wait for the disk, verification and
             // admission go on.
-            let acting = SharedCount()
             let writes = WritesInOrder<[EventProcessor.Work]>(limit: maximumWritesInFlight)
             group.addTask {
                 await withDiscardingTaskGroup { writers in
@@ -87,7 +86,7 @@ public struct EventPipeline: Sendable {
                         var start = 0
                         while start < records.count {
                             let ticket = await writes.start()
-                            let end = min(start + (acting.value > 0 ? maximumWriteWhileActing : maximumWrite), records.count)
+                            let end = min(start + (processor.inSteps.isEmpty ? maximumWrite : maximumWriteWhileActing), records.count)
                             let part = Array(records[start..<end])
                             start = end
                             writers.addTask { writes.finish(ticket, await processor.record(part)) }
@@ -105,7 +104,6 @@ public struct EventPipeline: Sendable {
                 work.record.acknowledgement.settle(disposition)
                 turn.mine.open(passed: disposition != .abandoned)
                 lanes.leave(work.subjectKey, turn.mine)
-                acting.add(-1)
                 processor.inSteps.leave(work.eventID)
             }
             group.addTask {
@@ -118,7 +116,6 @@ public struct EventPipeline: Sendable {
                         var together: [(work: EventProcessor.Work, turn: SubjectLanes.Turn)] = []
                         for work in written {
                             let turn = lanes.enter(work.subjectKey)
-                            acting.add(1)
                             processor.inSteps.take(work.eventID)
                             if turn.previous == nil, work.isNew {
                                 together.append((work, turn))

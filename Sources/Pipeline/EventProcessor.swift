@@ -634,4 +634,7 @@ final class EventsInHand: Sendable {
     }
 
     func contains(_ eventID: Int64) -> Bool { held.withLock { $0[eventID] != nil } }
+
+    /// No step under way: the intake may write in its largest batches.
+    var isEmpty: Bool { held.withLock { $0.isEmpty } }
 }

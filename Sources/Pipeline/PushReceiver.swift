@@ -590,46 +590,42 @@ final class PendingStepsResume: Sendable {
     /// Events this process holds in hand (its own, a retry pause included) and those given up
     /// are passed over.
     func nextPage() async -> (records: [IntakeRecord], page: Page)? {
-        var read: Persistence.Attempted<[PendingEvent]>
-        var after: Int64
-        var full = false
-        repeat {
-            after = lastID.withLock { $0 }
-            let from = after
-            read = await processor.attempting("ledger") {
-                try await processor.ledger.pendingEvents(receivedBefore: receivedBefore, afterID: from, limit: Self.pageSize,
+        let first = lastID.withLock { $0 } == 0
+        var events: [PendingEvent] = [], full = false
+        // Pages wholly passed over are read past, not returned empty.
+        while events.isEmpty {
+            let after = lastID.withLock { $0 }
+            switch await processor.attempting("ledger", {
+                try await processor.ledger.pendingEvents(receivedBefore: receivedBefore, afterID: after, limit: Self.pageSize,
                                                          unleasedAt: unleasedAt)
+            }) {
+            case .done(let listed):
+                guard let last = listed.last else { return nil }
+                lastID.withLock { $0 = last.id }
+                full = listed.count == Self.pageSize
+                events = listed.filter { !processor.inSteps.contains($0.id) && !givenUp.contains($0.id) }
+                if events.isEmpty, !full { return nil }
+            case .stopped:
+                return nil
+            case .refused(let error):
+                processor.logger.error("cannot read the events left pending; their steps are not resumed", metadata: ["warden.reason": "\(error)"])
+                return nil
             }
-            guard case .done(let listed) = read, let last = listed.last else { break }
-            lastID.withLock { $0 = last.id }
-            full = listed.count == Self.pageSize
-            let taken = listed.filter { !processor.inSteps.contains($0.id) && !givenUp.contains($0.id) }
-            read = .done(taken)
-            if !taken.isEmpty || !full { break }
-        } while true
-        switch read {
-        case .done(let events):
-            guard !events.isEmpty else { return nil }
-            if after == 0 {
-                processor.logger.notice("resuming events whose steps were left pending", metadata: ["warden.events": "\(events.count)\(events.count == Self.pageSize ? "+" : "")"])
-            }
-            processor.metrics.counter("warden_events_resumed_total").increment(by: events.count)
-            let page = Page(count: events.count, isLast: !full)
-            let records = events.map { event in
-                // Its claims are judged as of when it first arrived: a `max-age` passed during an
-                // outage must not strand steps whose SET was acknowledged.
-                IntakeRecord(IntakeMessage(value: event.token, source: Self.source, receivedAt: Date().timeIntervalSince1970,
-                                           claimsTime: .at(event.receivedAt)),
-                             acknowledgement: ResumeAcknowledgement(eventID: event.id, page: page, metrics: processor.metrics,
-                                                                    logger: processor.logger, givenUp: givenUp))
-            }
-            return (records, page)
-        case .stopped:
-            return nil
-        case .refused(let error):
-            processor.logger.error("cannot read the events left pending; their steps are not resumed", metadata: ["warden.reason": "\(error)"])
-            return nil
         }
+        if first {
+            processor.logger.notice("resuming events whose steps were left pending", metadata: ["warden.events": "\(events.count)\(full ? "+" : "")"])
+        }
+        processor.metrics.counter("warden_events_resumed_total").increment(by: events.count)
+        let page = Page(count: events.count, isLast: !full)
+        let records = events.map { event in
+            // Its claims are judged as of when it first arrived: a `max-age` passed during an
+            // outage must not strand steps whose SET was acknowledged.
+            IntakeRecord(IntakeMessage(value: event.token, source: Self.source, receivedAt: Date().timeIntervalSince1970,
+                                       claimsTime: .at(event.receivedAt)),
+                         acknowledgement: ResumeAcknowledgement(eventID: event.id, page: page, metrics: processor.metrics,
+                                                                logger: processor.logger, givenUp: givenUp))
+        }
+        return (records, page)
     }
 }
 
