@@ -115,6 +115,8 @@ extension WardenCommand {
 
         /// Entries read, verified and compared at a time.
         static let batchSize = 1024
+        /// Batches read and verified ahead of the one compared with the ledger.
+        static let batchesAhead = 2
 
         private func replay(_ source: inout any ReplaySource, configuration: WardenConfiguration, ledger: any AuditingLedger,
                             client: any HTTPExchanging, logger: Logger, reportFile: FileHandle?) async throws -> Int32 {
@@ -189,16 +191,24 @@ extension WardenCommand {
                         return []
                     }
                 }
-                // The next batch is read and verified while the last one is compared with the ledger.
-                var batch = read()
-                var verifying = Task { [batch] in await Replayer.verify(batch, with: verifier) }
-                while !batch.isEmpty {
-                    let next = read()
+                // Batches are read and verified ahead while the oldest is compared with the
+                // ledger: two of them, so the verification threads are never left without work
+                // while this task compares (a batch's last tokens run on one core alone).
+                var ahead: [(batch: [ReplayEntry], verifying: Task<[Result<VerifiedSET, VerificationError>?], Never>)] = []
+                func readAhead() {
+                    let batch = read()
+                    guard !batch.isEmpty else { return }
+                    ahead.append((batch, Task { await Replayer.verify(batch, with: verifier) }))
+                }
+                // What is verified ahead is not needed once the replay stops early.
+                defer { for (_, verifying) in ahead { verifying.cancel() } }
+                for _ in 0..<Self.batchesAhead { readAhead() }
+                while !ahead.isEmpty {
+                    let (batch, verifying) = ahead.removeFirst()
                     let results = await verifying.value
-                    verifying = Task { [next] in await Replayer.verify(next, with: verifier) }
+                    readAhead()
                     write(try await replayer.classify(batch, results))
                     progress.update(entries: replayer.statistics.entries, source: source.progress)
-                    batch = next
                 }
                 if let readFailure { throw readFailure }
                 if let topic {
