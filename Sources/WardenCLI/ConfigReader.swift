@@ -28,10 +28,31 @@ indirect enum ConfigTree: Sendable {
         do {
             node = try Yams.compose(yaml: yaml)
         } catch {
-            throw ConfigError(path: "", "the file is not valid YAML: \(error)")
+            throw ConfigError(path: "", "the file is not valid YAML: \(yamlProblem(error))")
         }
         guard let node else { return .map([]) }
         return try convert(node, path: "")
+    }
+
+    /// Where and what the YAML problem is, in the parser's own words, without the file's text:
+    /// the line at fault may hold a secret (`client-secret: @…` is not a plain scalar).
+    static func yamlProblem(_ error: any Error) -> String {
+        guard let error = error as? YamlError else { return "it cannot be read" }
+        func within(_ context: YamlError.Context?) -> String {
+            context.map { "\($0.text) (line \($0.mark.line), column \($0.mark.column)): " } ?? ""
+        }
+        switch error {
+        case let .scanner(context, problem, mark, _), let .parser(context, problem, mark, _), let .composer(context, problem, mark, _):
+            return "line \(mark.line), column \(mark.column): \(within(context))\(problem)"
+        case let .reader(problem, offset, _, _):
+            return offset.map { "byte \($0): \(problem)" } ?? problem
+        case .duplicatedKeysInMapping(_, let context):
+            return "line \(context.mark.line): a key appears twice"
+        case .dataCouldNotBeDecoded:
+            return "it is not UTF-8 text"
+        default:
+            return "it cannot be read"
+        }
     }
 
     private static func convert(_ node: Node, path: String) throws(ConfigError) -> ConfigTree {
@@ -141,6 +162,12 @@ struct ConfigReader {
     }
 
     /// Whether this very key is given (in the YAML or by its own variable).
+    /// Whether the YAML itself gives this key.
+    var isInFile: Bool {
+        if case .null = tree { return false }
+        return true
+    }
+
     var isGiven: Bool {
         if override != nil { return true }
         if case .null = tree { return false }

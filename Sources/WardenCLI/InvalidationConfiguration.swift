@@ -47,6 +47,9 @@ public struct InvalidationConfiguration: Sendable {
         let subjects = try resolver(root.child("subjects"), targets: targets)
 
         var overrides: [String: [PolicyRule]] = [:]
+        /// The policy key that configured each event type: a second key naming it (a short
+        /// name and the full URI, or two short names of one type) would silently replace it.
+        var configuredBy: [String: String] = [:]
         let policyReader = root.child("policy")
         for key in try policyReader.keys() {
             let r = policyReader.child(key)
@@ -57,7 +60,13 @@ public struct InvalidationConfiguration: Sendable {
             }
             var rules: [PolicyRule] = []
             for item in try r.list() { rules.append(try rule(item, targets: targets, stores: stores)) }
-            for uri in uris { overrides[uri] = rules }
+            for uri in uris {
+                if let other = configuredBy[uri] {
+                    throw r.error("configures the same event type as policy.\(other) (\(uri)): give its steps in one place")
+                }
+                configuredBy[uri] = key
+                overrides[uri] = rules
+            }
         }
 
         // The configured entries are checked above; the built-in ones keep what can run here.
@@ -115,7 +124,11 @@ public struct InvalidationConfiguration: Sendable {
                 try c.requireOnly(["url", "password", "password-file", "pool-size", "timeout"] + redisTLSKeys)
                 endpoint = try redisURL(c.child("url"))
                 try redisTLS(c, &endpoint)
-                if let password = try c.secret("password") { endpoint.password = password }
+                if let password = try c.secret("password") {
+                    // As for the ledger: one of them would be dropped without a word.
+                    guard endpoint.password == nil else { throw c.child("url").error("gives a password too: give it in one place") }
+                    endpoint.password = password
+                }
                 if let size = try c.child("pool-size").string() {
                     guard let n = Int(size), n > 0, n <= 64 else { throw c.child("pool-size").error("must be 1 to 64") }
                     endpoint.poolSize = n

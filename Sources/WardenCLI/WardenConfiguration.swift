@@ -183,7 +183,12 @@ public struct WardenConfiguration: Sendable {
         }
 
         // Key source: exactly one of discovery, jwks-uri, jwks-file; default: the profile's well-known discovery.
-        let sources = ["discovery", "jwks-uri", "jwks_uri", "jwks-file"].filter { r.child($0).isPresent }
+        var sources = ["discovery", "jwks-uri", "jwks_uri", "jwks-file"].filter { r.child($0).isPresent }
+        // jwks-uri and jwks_uri have one environment variable between them: set alone, it counts
+        // once, for the spelling the file uses (jwks-uri if neither).
+        if sources.contains("jwks-uri"), sources.contains("jwks_uri"), !(r.child("jwks-uri").isInFile && r.child("jwks_uri").isInFile) {
+            sources.removeAll { $0 == (r.child("jwks_uri").isInFile ? "jwks-uri" : "jwks_uri") }
+        }
         if sources.count > 1 {
             throw r.error("give only one of discovery, jwks-uri, jwks-file (found \(sources.joined(separator: ", ")))")
         }
@@ -234,9 +239,13 @@ public struct WardenConfiguration: Sendable {
         // Without a cooldown every token naming an unknown kid would fetch the JWKS again.
         guard cache.unknownKeyCooldown >= 1 else { throw r.child("key-refresh-cooldown").error("must be at least 1s") }
         cache.failureRetryInterval = try r.child("key-retry-interval").duration() ?? cache.failureRetryInterval
+        // Without it, every token would fetch the JWKS again while the provider fails.
+        guard cache.failureRetryInterval >= 0.1 else { throw r.child("key-retry-interval").error("must be at least 100ms") }
         cache.maximumStaleness = try r.child("max-key-staleness").duration() ?? cache.maximumStaleness
         cache.minimumLifetime = try r.child("min-key-lifetime").duration() ?? cache.minimumLifetime
         cache.maximumLifetime = try r.child("max-key-lifetime").duration() ?? cache.maximumLifetime
+        // Keys that expire as they are fetched would make every token fetch the JWKS.
+        guard cache.maximumLifetime >= 1 else { throw r.child("max-key-lifetime").error("must be at least 1s") }
         if cache.minimumLifetime > cache.maximumLifetime {
             throw r.child("min-key-lifetime").error("is larger than max-key-lifetime")
         }
@@ -251,17 +260,36 @@ public struct WardenConfiguration: Sendable {
     /// `http://app.internal/…` there).
     static func url(_ r: ConfigReader, plainHTTP: Bool = false) throws(ConfigError) -> URL {
         let text = try r.requiredString()
-        guard let url = URL(string: text), url.host != nil else { throw r.error("\"\(text)\" is not an absolute URL") }
+        let shown = shownURL(text)
+        guard let url = URL(string: text), url.host != nil else { throw r.error("\"\(shown)\" is not an absolute URL") }
         if plainHTTP {
             guard let scheme = url.scheme?.lowercased(), scheme == "http" || scheme == "https" else {
-                throw r.error("\"\(text)\" must be an http or https URL")
+                throw r.error("\"\(shown)\" must be an http or https URL")
             }
             return url
         }
         guard URLRule.isAcceptableForKeys(url) else {
-            throw r.error("\"\(text)\" must use https (http is allowed only for loopback hosts)")
+            throw r.error("\"\(shown)\" must use https (http is allowed only for loopback hosts)")
         }
         return url
+    }
+
+    /// A configured URL as errors show it, parsed or not: what may be a user and password
+    /// (before an `@` in the authority) and the query and fragment (tokens in a webhook's URL)
+    /// are left out.
+    static func shownURL(_ text: String) -> String {
+        var rest = Substring(text)
+        var hidden = ""
+        if let end = rest.firstIndex(where: { $0 == "?" || $0 == "#" }) {
+            rest = rest[..<end]
+            hidden = "?…"
+        }
+        let authorityStart = rest.range(of: "://")?.upperBound ?? rest.startIndex
+        let authority = rest[authorityStart...].prefix { $0 != "/" }
+        if let at = authority.lastIndex(of: "@") {
+            rest = rest[..<authorityStart] + "…@" + rest[rest.index(after: at)...]
+        }
+        return String(rest.prefix(200)) + hidden
     }
 
     static func positive(_ r: ConfigReader) throws(ConfigError) -> Double? {

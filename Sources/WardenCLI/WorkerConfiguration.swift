@@ -55,11 +55,21 @@ public struct KafkaSettings: Sendable, Equatable {
                 throw p.child(key).error(name.hasSuffix(".password") ? "librdkafka refused it" : error.message)
             }
         }
+        let topic = try topicName(r.child("topic")) ?? "security-events"
+        let deadLetterTopic = try topicName(r.child("dead-letter-topic")) ?? "security-events.dlq"
+        // Each refused SET would come back to be refused and dead-lettered again, for ever.
+        guard deadLetterTopic != topic else {
+            throw r.child("dead-letter-topic").error("is the topic Warden consumes (kafka.topic): dead letters need a topic of their own")
+        }
+        let group = try r.child("group").string() ?? "warden"
+        guard !group.isEmpty else {
+            throw r.child("group").error("needs a value")
+        }
         return KafkaSettings(
             brokers: try r.child("brokers").requiredString(),
-            topic: try r.child("topic").string() ?? "security-events",
-            group: try r.child("group").string() ?? "warden",
-            deadLetterTopic: try r.child("dead-letter-topic").string() ?? "security-events.dlq",
+            topic: topic,
+            group: group,
+            deadLetterTopic: deadLetterTopic,
             properties: properties,
             embeddedPartitions: try positiveInt(r.child("embedded-partitions")) ?? 4,
             concurrency: try positiveInt(r.child("concurrency")) ?? ProcessInfo.processInfo.activeProcessorCount,
@@ -176,10 +186,19 @@ public enum LedgerLocation: Sendable, Equatable {
 
     /// `ledger: URL`, or `ledger: {url: URL, password-file: …, retention: 90d}` (PostgreSQL's
     /// password from a file; retention read by `retention(_:)`).
+    static let keys = ["url", "password", "password-file", "retention"]
+
     static func parse(_ r: ConfigReader) throws(ConfigError) -> LedgerLocation {
-        guard case .map = r.tree else { return try parseURL(r) }
-        try r.requireOnly(["url", "password", "password-file", "retention"])
-        let location = try parseURL(r.child("url"))
+        // The map's keys may come from the environment alone (WARDEN_LEDGER_URL,
+        // WARDEN_LEDGER_PASSWORD_FILE), or beside `ledger: URL` (WARDEN_LEDGER_RETENTION).
+        let inFile: Bool
+        if case .map = r.tree { inFile = true } else { inFile = false }
+        guard inFile || keys.contains(where: { r.child($0).isPresent }) else { return try parseURL(r) }
+        if inFile { try r.requireOnly(keys) }
+        if !inFile, r.isGiven, r.child("url").isPresent {
+            throw r.child("url").error("gives the ledger's URL a second time (ledger: is a URL already): give it in one place")
+        }
+        let location = try parseURL(inFile || r.child("url").isPresent ? r.child("url") : r)
         guard let password = try r.secret("password") else { return location }
         guard case .postgres(var postgres) = location else {
             throw r.child(r.child("password").isGiven ? "password" : "password-file").error("is for a postgres:// ledger")
@@ -193,7 +212,7 @@ public enum LedgerLocation: Sendable, Equatable {
     /// records are kept. Every issuer must refuse tokens older than it (`max-age` at most the
     /// retention): a token whose claim was dropped would otherwise be acted on again.
     static func retention(_ r: ConfigReader, issuers: [IssuerPolicy]) throws(ConfigError) -> Double? {
-        guard case .map = r.tree, let retention = try r.child("retention").duration() else { return nil }
+        guard let retention = try r.child("retention").duration() else { return nil }
         guard retention >= 1 else { throw r.child("retention").error("must be at least 1s") }
         // A token may say it was issued up to the clock skew after it arrived, so it passes the
         // max-age until max-age + skew after its arrival: its claim must outlive that.
@@ -226,8 +245,22 @@ public enum LedgerLocation: Sendable, Equatable {
             case .failure(let error): throw r.error(error.message)
             }
         }
-        throw r.error("\"\(text.hasPrefix("postgres") ? "postgres://…" : text)\" is not a ledger URL (sqlite:///path, sqlite:relative/path or postgres://user@host/database)")
+        throw r.error("\"\(text.lowercased().hasPrefix("postgres") ? "postgres://…" : WardenConfiguration.shownURL(text))\" is not a ledger URL (sqlite:///path, sqlite:relative/path or postgres://user@host/database)")
     }
+}
+
+/// A Kafka topic's name, as Kafka allows it: 1 to 249 of a–z, A–Z, 0–9, `.`, `_` and `-`,
+/// and not `.` or `..`.
+func topicName(_ r: ConfigReader) throws(ConfigError) -> String? {
+    guard let name = try r.string() else { return nil }
+    let allowed = name.utf8.allSatisfy { c in
+        (c >= UInt8(ascii: "a") && c <= UInt8(ascii: "z")) || (c >= UInt8(ascii: "A") && c <= UInt8(ascii: "Z"))
+            || (c >= UInt8(ascii: "0") && c <= UInt8(ascii: "9")) || c == UInt8(ascii: ".") || c == UInt8(ascii: "_") || c == UInt8(ascii: "-")
+    }
+    guard !name.isEmpty, name.utf8.count <= 249, allowed, name != ".", name != ".." else {
+        throw r.error("\"\(name.prefix(64))\" is not a Kafka topic name (1 to 249 of a-z, A-Z, 0-9, '.', '_' and '-')")
+    }
+    return name
 }
 
 func positiveInt(_ r: ConfigReader) throws(ConfigError) -> Int? {

@@ -1,0 +1,106 @@
+import Foundation
+import Testing
+import TokenVerification
+import WardenTestSupport
+@testable import WardenCLI
+
+/// What the configuration refuses, and what its errors leave out: secrets never appear in an
+/// error (which `check-config` prints and a reload logs), and no value is dropped in silence.
+@Suite("Configuration: secrets kept out of errors, nothing dropped in silence")
+struct ConfigurationSafetyTests {
+    let operators = OperatorConfigurationTests()
+
+    func error(_ yaml: String, files: [String: String] = [:], environment: [String: String] = [:]) -> String {
+        operators.error(yaml, files: files, environment: environment)
+    }
+
+    @Test func aSecretOnALineThatIsNotValidYAMLIsNotQuoted() {
+        let failures = [
+            "targets: {t: {revoke: {endpoint: \"https://auth.example/revoke\", client-id: c, client-secret: @hunter2}}}\n",
+            "targets: {t: {redis: redis://:ab}hunter2@h/0}}\n",
+            "http-client: {ca-file: x}\nkafka:\n  brokers: embedded\n  properties: {sasl.password: \"hunter2\n",
+        ]
+        for yaml in failures {
+            let text = error(yaml)
+            #expect(text.contains("not valid YAML") && text.contains("line "), "\(text)")
+            #expect(!text.contains("hunter2"), "\(text)")
+        }
+    }
+
+    @Test func aURLRefusedIsShownWithoutItsCredentialsOrQuery() {
+        let refused = [
+            "targets: {t: {revoke: {endpoint: \"http://w:hunter2@auth.internal/revoke\", client-id: c, client-secret: s}}}\n",
+            "targets: {app: {webhook: {url: \"app.internal/h?token=hunter2\"}}}\n",
+            "targets: {app: {webhook: {url: \"ftp://u:hunter2@app.internal/h\"}}}\n",
+            "ledger: \"Postgres://w:hunter2@db/w\"\n",
+            "ledger: \"mysql://w:hunter2@db/w\"\n",
+        ]
+        for yaml in refused {
+            let text = error(yaml)
+            #expect(text != "no error" && !text.contains("hunter2"), "\(text)")
+        }
+        #expect(error(refused[0]).contains("\"http://…@auth.internal/revoke\" must use https"))
+        #expect(error(refused[1]).contains("\"app.internal/h?…\" is not an absolute URL"))
+    }
+
+    @Test func twoPolicyKeysForOneEventTypeAreRefused() {
+        let sessions = "targets: {sessions: {redis: \"redis://127.0.0.1/0\"}}\n"
+        let purge = "[{purge-set: {target: sessions, set: \"user-sessions:{user}\"}}]"
+        let text = error(sessions + "policy:\n  sessions-revoked: \(purge)\n"
+                         + "  https://schemas.openid.net/secevent/risc/event-type/sessions-revoked: []\n")
+        #expect(text.contains("configures the same event type as policy.sessions-revoked"), "\(text)")
+        #expect(error(sessions + "policy:\n  sessions-revoked: \(purge)\n") == "no error")
+    }
+
+    @Test func deadLettersNeedATopicOfTheirOwnAndTopicsAName() {
+        #expect(error("kafka: {brokers: embedded, topic: ev, dead-letter-topic: ev}\n")
+            .contains("kafka.dead-letter-topic: is the topic Warden consumes"))
+        #expect(error("kafka: {brokers: embedded, topic: events}\n", environment: ["WARDEN_KAFKA_DEAD_LETTER_TOPIC": "events"])
+            .contains("kafka.dead-letter-topic: is the topic Warden consumes"))
+        #expect(error("kafka: {brokers: embedded, topic: \"\"}\n").contains("kafka.topic: \"\" is not a Kafka topic name"))
+        #expect(error("kafka: {brokers: embedded, topic: \"a b\"}\n").contains("is not a Kafka topic name"))
+        #expect(error("kafka: {brokers: embedded}\n", environment: ["WARDEN_KAFKA_GROUP": ""]).contains("kafka.group: needs a value"))
+        #expect(error("kafka: {brokers: embedded, topic: risc.events_v-2, dead-letter-topic: risc.dlq}\n") == "no error")
+    }
+
+    @Test func theJWKSURLCanComeFromTheEnvironment() throws {
+        let c = try operators.parse("", environment: ["WARDEN_ISSUERS_0_JWKS_URI": "https://keys.example/jwks"])
+        #expect(c.issuers[0].keySource == .jwks(URL(string: "https://keys.example/jwks")!))
+    }
+
+    @Test func theLedgerMapCanComeFromTheEnvironment() throws {
+        let c = try operators.parse("", files: ["pw": "s3cret\n"], environment: [
+            "WARDEN_LEDGER_URL": "postgres://warden@db.internal/warden", "WARDEN_LEDGER_PASSWORD_FILE": "pw",
+        ])
+        guard case .postgres(let location)? = c.ledger else {
+            Issue.record("no postgres ledger: \(String(describing: c.ledger))")
+            return
+        }
+        #expect(location.password == "s3cret" && location.host == "db.internal")
+        let retained = try operators.parse("ledger: \"sqlite:l.sqlite\"\n", environment: [
+            "WARDEN_LEDGER_RETENTION": "400d", "WARDEN_ISSUERS_0_MAX_AGE": "30d",
+        ])
+        #expect(abs((retained.ledgerRetention ?? 0) - 400 * 86_400) < 1)
+        #expect(error("ledger: \"sqlite:l.sqlite\"\n", environment: ["WARDEN_LEDGER_URL": "sqlite:other.sqlite"])
+            .contains("ledger.url: gives the ledger's URL a second time"))
+    }
+
+    @Test func aRedisPasswordGivenTwiceIsRefused() {
+        #expect(error("targets: {s: {redis: {url: \"redis://:inline@h/0\", password-file: p}}}\n", files: ["p": "x\n"])
+            .contains("targets.s.redis.url: gives a password too"))
+        #expect(error("targets: {s: {redis: {url: \"redis://h/0\", password-file: p}}}\n", files: ["p": "x\n"]) == "no error")
+    }
+
+    @Test func keyTimingsThatWouldFetchForEveryTokenAreRefused() throws {
+        let base = OperatorConfigurationTests.issuer
+        func issuerError(_ line: String) -> String {
+            do {
+                _ = try WardenConfiguration.parse(yaml: base + "    \(line)\n", baseDirectory: URL(fileURLWithPath: "/tmp"))
+                return "no error"
+            } catch { return error.description }
+        }
+        #expect(issuerError("key-retry-interval: 0s").contains("issuers[0].key-retry-interval: must be at least 100ms"))
+        #expect(issuerError("max-key-lifetime: 0s").contains("issuers[0].max-key-lifetime: must be at least 1s"))
+        #expect(issuerError("key-retry-interval: 5s") == "no error")
+    }
+}
