@@ -110,6 +110,8 @@ struct ConfigurationReload: Service {
             ("ledger", fresh.ledger != current.ledger), ("ledger.retention", fresh.ledgerRetention != current.ledgerRetention),
             ("http-client", fresh.outboundCAFile != current.outboundCAFile),
             ("max-token-size", fresh.maximumTokenBytes != current.maximumTokenBytes),
+            // A stream's settings and credentials (a rotated bearer-token file) are read at start.
+            ("issuers[].stream", fresh.streams.map(\.fingerprint) != current.streams.map(\.fingerprint)),
         ]
         needsRestart += sections.filter(\.1).map(\.0)
         return (applied, needsRestart)

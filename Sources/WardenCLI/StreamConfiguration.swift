@@ -18,6 +18,9 @@ public struct StreamConfiguration: Sendable {
 
     public var settings: StreamSettings
     public var credentials: Credentials
+    /// What the section says, credentials' contents included, as one number of this process:
+    /// a reload compares it to tell a changed stream (a rotated token file) from the same one.
+    var fingerprint = 0
 
     public var issuer: String { settings.issuer }
 
@@ -49,6 +52,7 @@ public struct StreamConfiguration: Sendable {
         }
 
         let credentials: Credentials
+        var fingerprint = Hasher()
         let file = r.child("credentials-file"), oauth = r.child("oauth")
         switch api {
         case .google:
@@ -56,6 +60,7 @@ public struct StreamConfiguration: Sendable {
             guard let (contents, path) = try file.fileContents() else {
                 throw file.error("is required for api: google (the service account's JSON key file)")
             }
+            fingerprint.combine(contents)
             do {
                 credentials = .serviceAccount(try ServiceAccountKey(json: contents))
             } catch {
@@ -79,14 +84,17 @@ public struct StreamConfiguration: Sendable {
                     throw file.error("\(path) must hold one bearer token of printable ASCII characters (it holds another byte)")
                 }
                 credentials = .bearer(token)
+                fingerprint.combine(token)
             } else if oauth.isPresent {
                 try oauth.requireOnly(["token-endpoint", "client-id", "client-secret", "client-secret-file", "scope"])
                 guard let secret = try oauth.secret("client-secret") else {
                     throw oauth.child("client-secret-file").error("is required (or client-secret)")
                 }
-                credentials = .oauth(.init(tokenEndpoint: try WardenConfiguration.url(oauth.child("token-endpoint")),
-                                           clientID: try oauth.child("client-id").requiredString(), clientSecret: secret,
-                                           scope: try oauth.child("scope").string()))
+                let settings = OAuthClientCredentials.Settings(
+                    tokenEndpoint: try WardenConfiguration.url(oauth.child("token-endpoint")),
+                    clientID: try oauth.child("client-id").requiredString(), clientSecret: secret, scope: try oauth.child("scope").string())
+                credentials = .oauth(settings)
+                for part in [settings.tokenEndpoint.absoluteString, settings.clientID, secret, settings.scope ?? "\u{0}"] { fingerprint.combine(part) }
             } else {
                 throw r.error("an ssf stream needs credentials: credentials-file (a bearer token) or oauth (client credentials)")
             }
@@ -125,9 +133,12 @@ public struct StreamConfiguration: Sendable {
 
         let streamID = try r.child("stream-id").string()
         if streamID != nil, api == .google { throw r.child("stream-id").error("is for api: ssf (a Google project has one stream)") }
-        return StreamConfiguration(
-            settings: StreamSettings(issuer: issuer, api: api, endpoint: endpoint, delivery: delivery, events: events,
-                                     streamID: streamID, description: try r.child("description").string()),
-            credentials: credentials)
+        let settings = StreamSettings(issuer: issuer, api: api, endpoint: endpoint, delivery: delivery, events: events,
+                                      streamID: streamID, description: try r.child("description").string())
+        for part in [issuer, api.rawValue, endpoint.absoluteString, "\(String(describing: delivery))", events.joined(separator: " "),
+                     streamID ?? "\u{0}", settings.description ?? "\u{0}"] {
+            fingerprint.combine(part)
+        }
+        return StreamConfiguration(settings: settings, credentials: credentials, fingerprint: fingerprint.finalize())
     }
 }

@@ -1,4 +1,5 @@
 import Foundation
+import Invalidation
 import Testing
 import TokenVerification
 import WardenTestSupport
@@ -102,5 +103,36 @@ struct ConfigurationSafetyTests {
         #expect(issuerError("key-retry-interval: 0s").contains("issuers[0].key-retry-interval: must be at least 100ms"))
         #expect(issuerError("max-key-lifetime: 0s").contains("issuers[0].max-key-lifetime: must be at least 1s"))
         #expect(issuerError("key-retry-interval: 5s") == "no error")
+    }
+
+    // SIGHUP: a stream's settings and credentials are read at start, so a rotated bearer-token
+    // file, or another delivery, is named as needing a restart, never reported as nothing.
+    @Test func aReloadNamesAChangedStreamAsNeedingARestart() throws {
+        let ssf = """
+            issuers:
+              - issuer: https://ssf.example/
+                profile: ssf
+                jwks-uri: https://ssf.example/jwks
+                audiences: [app]
+                stream:
+                  api: ssf
+                  credentials-file: bearer
+                  delivery: {method: poll, endpoint-url: "https://ssf.example/poll"}
+                  events: [session-revoked]
+
+            """
+        func parse(bearer: String, events: String = "session-revoked") throws -> WardenConfiguration {
+            let directory = try Scratch.directory("reload-stream")
+            try bearer.write(to: directory.appendingPathComponent("bearer"), atomically: true, encoding: .utf8)
+            return try WardenConfiguration.parse(yaml: ssf.replacingOccurrences(of: "[session-revoked]", with: "[\(events)]"),
+                                                 environment: [:], baseDirectory: directory)
+        }
+        let first = try parse(bearer: "token-one")
+        var running = first
+        let planner = Invalidation.Planner(policy: first.invalidation.policy)
+        #expect(ConfigurationReload.apply(try parse(bearer: "token-one"), to: &running, planner: planner).needsRestart.isEmpty)
+        #expect(ConfigurationReload.apply(try parse(bearer: "token-two"), to: &running, planner: planner).needsRestart == ["issuers[].stream"])
+        #expect(ConfigurationReload.apply(try parse(bearer: "token-one", events: "session-revoked, credential-change"), to: &running,
+                                          planner: planner).needsRestart == ["issuers[].stream"])
     }
 }
