@@ -6,6 +6,7 @@ import SecurityEvents
 import Synchronization
 public import Logging
 public import ServiceLifecycle
+public import TokenVerification
 
 /// The Kafka door: turns a topic of SETs into records for the pipeline's stages. A message's
 /// offset becomes committable when its record settles with its outcome durable; a message the
@@ -20,16 +21,50 @@ public final class KafkaIntake: Service {
     let pipeline: EventPipeline
     let metrics: WardenMetrics
     let logger: Logger
+    /// How long ago a message's `received-at` header may say it arrived for its claims to be
+    /// judged then (see `claimsTime(of:now:)`); 0: never.
+    let arrivalWindow: Double
 
-    public init(consumer: KafkaConsumer, pipeline: EventPipeline, metrics: WardenMetrics, logger: Logger) {
+    /// The message's `received-at` header (RFC 3339), set by the door that took the SET first.
+    public static let receivedAtHeader = "received-at"
+
+    public init(consumer: KafkaConsumer, pipeline: EventPipeline, metrics: WardenMetrics, logger: Logger, arrivalWindow: Double = 0) {
         self.consumer = consumer
         self.pipeline = pipeline
         self.metrics = metrics
         self.logger = logger
+        self.arrivalWindow = arrivalWindow
     }
 
-    public convenience init(consumer: KafkaConsumer, processor: EventProcessor, metrics: WardenMetrics, logger: Logger) {
-        self.init(consumer: consumer, pipeline: EventPipeline(processor: processor), metrics: metrics, logger: logger)
+    public convenience init(consumer: KafkaConsumer, processor: EventProcessor, metrics: WardenMetrics, logger: Logger,
+                            arrivalWindow: Double = 0) {
+        self.init(consumer: consumer, pipeline: EventPipeline(processor: processor), metrics: metrics, logger: logger,
+                  arrivalWindow: arrivalWindow)
+    }
+
+    /// The longest `arrivalWindow` that is safe for these issuers and this retention. A SET the
+    /// push receiver answered 202 and produced must not be refused as too old because the workers
+    /// read it late (the transmitter will not send it again): its claims are judged when it
+    /// arrived. But the header is only a claim of whoever produced the message, and a copy of an
+    /// old token with an arrival made up would pass `max-age`; so it is honoured only while the
+    /// ledger must still hold the claim of any copy acted on before: a token that passes
+    /// `max-age` at time t was issued after t − max-age − skew, its claim was recorded after that
+    /// and is kept for the retention, so up to retention − (max-age + skew) after t it is still
+    /// there and the copy is a duplicate. Without retention the ledger keeps every claim.
+    public static func arrivalWindow(retention: Double?, issuers: [IssuerPolicy]) -> Double {
+        guard let retention else { return .infinity }
+        let longest = issuers.map { ($0.maximumAge ?? .infinity) + $0.clockSkew }.max() ?? 0
+        return max(0, retention - longest)
+    }
+
+    /// When a message's claims are judged: when its `received-at` header says it arrived, if
+    /// that is within `arrivalWindow` of now (and not ahead of it by more than a second of clock
+    /// difference between hosts); else now.
+    static func claimsTime(of headers: [KafkaHeader], now: Double, window: Double) -> SETVerifier.ClaimsTime {
+        guard window > 0, let header = headers.last(where: { $0.name == receivedAtHeader }), let value = header.value,
+              value.count <= 64, let arrived = RFC3339.parse(String(decoding: value, as: UTF8.self)),
+              arrived <= now + 1, now - arrived <= window else { return .now }
+        return .at(min(arrived, now))
     }
 
     public func run() async throws {
@@ -56,12 +91,13 @@ public final class KafkaIntake: Service {
 
     /// The consumer's batches as records, each acknowledged by finishing its message.
     var records: AsyncMapSequence<AsyncStream<[KafkaMessage]>, [IntakeRecord]> {
-        let consumer = self.consumer, metrics = self.metrics
+        let consumer = self.consumer, metrics = self.metrics, window = self.arrivalWindow
         return consumer.batches.map { batch in
             metrics.received(source: "kafka", count: batch.count)
             let receivedAt = Date().timeIntervalSince1970
             return batch.map { message in
                 var intake = IntakeMessage(value: message.value, source: message.address(prefix: "kafka:"), receivedAt: receivedAt,
+                                           claimsTime: Self.claimsTime(of: message.headers, now: receivedAt, window: window),
                                            key: message.key, headers: message.headers.map { MessageHeader(name: $0.name, value: $0.value) })
                 intake.unreadable = message.deliveryError
                 return IntakeRecord(intake, acknowledgement: KafkaAcknowledgement(consumer: consumer, message: message))

@@ -92,7 +92,7 @@ public struct KafkaPushDestination: PushDestination {
                 KafkaHeader("content-type", "application/secevent+jwt"),
                 // The door it came by: push, or poll.
                 KafkaHeader(Self.sourceHeader, message.source),
-                KafkaHeader("received-at", Self.timestamp(message.receivedAt)),
+                KafkaHeader(KafkaIntake.receivedAtHeader, Self.timestamp(message.receivedAt)),
             ]
             return .produce(jti: token.jti, KafkaProducer.Outgoing(topic: topic, key: Array(Self.key(token).utf8),
                                                                    value: Array(trimmedASCIIWhitespace(message.value)), headers: headers))
