@@ -269,6 +269,9 @@ public final class LedgerPushDestination: PushDestination {
     }
 
     private let waiting = Mutex(Waiting())
+    /// Whether a sweeper runs: the first request starts one if the intake has not (its ledger
+    /// still opening, say), so no request waits past its deadline whatever the intake does.
+    private let sweeping = Atomic<Bool>(false)
 
     /// `maximumWaiting`: records waiting for the pipeline beyond which requests are answered
     /// 503 at once, so that memory stays bounded while the ledger is down.
@@ -280,6 +283,8 @@ public final class LedgerPushDestination: PushDestination {
     /// Gives up, every tenth of a second, the requests past their deadline, until the feed is
     /// closed and no request waits (`PushIntake` runs it beside the pipeline).
     public func sweep() async {
+        guard sweeping.compareExchange(expected: false, desired: true, ordering: .acquiringAndReleasing).exchanged else { return }
+        defer { sweeping.store(false, ordering: .releasing) }
         while !(records.isClosed && waiting.withLock { $0.requests.isEmpty }) {
             try? await Task.sleep(for: .milliseconds(100))
             let now = ContinuousClock.now
@@ -313,6 +318,7 @@ public final class LedgerPushDestination: PushDestination {
             return w.next
         }
         defer { _ = waiting.withLock { $0.requests.removeValue(forKey: id) } }
+        if !sweeping.load(ordering: .acquiring) { Task { await self.sweep() } }
         var outcomes: [PushOutcome] = []
         outcomes.reserveCapacity(messages.count)
         for acknowledgement in acknowledgements {
