@@ -73,11 +73,30 @@ public struct HealthServer: Sendable {
 public struct WardenRequestContext: RequestContext, RemoteAddressRequestContext {
     public var coreContext: CoreRequestContextStorage
     public let remoteAddress: SocketAddress?
+    /// The request's connection, to be closed when a request is refused before its body is read.
+    let channel: any Channel
 
     public init(source: ApplicationRequestContextSource) {
         coreContext = .init(source: source)
         remoteAddress = source.channel.remoteAddress
+        channel = source.channel
     }
+
+    /// `response`, for a request refused before its body was read (or read whole): the server
+    /// would otherwise read the rest of the body to take the connection's next request — ten
+    /// gigabytes announced, or a byte every half minute from a client that never authenticates.
+    /// The connection is closed `closeRefusedAfter` later: time for the client to read the
+    /// answer (closed at once, with its body unread, the connection would be reset and the
+    /// answer lost), not to send gigabytes.
+    func closingConnection(after response: Response) -> Response {
+        var response = response
+        response.headers[.connection] = "close"
+        let channel = self.channel
+        channel.eventLoop.scheduleTask(in: Self.closeRefusedAfter) { channel.close(promise: nil) }
+        return response
+    }
+
+    static let closeRefusedAfter: TimeAmount = .seconds(2)
 
     /// The client's IP address (or the whole address when it has none).
     var clientAddress: String {

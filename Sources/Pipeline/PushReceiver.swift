@@ -89,15 +89,22 @@ public struct PushReceiver: Sendable {
     /// listen on one address).
     public func addRoutes(to router: Router<WardenRequestContext>) {
         let path = RouterPath(settings.path)
-        router.post(path) { request, context in await self.handle(request, client: context.clientAddress) }
+        router.post(path) { request, context in
+            let response = await self.handle(request, client: context.clientAddress)
+            // Refused before (or while) its body was read: the rest is not read.
+            return Self.refusedUnread.contains(response.status) ? context.closingConnection(after: response) : response
+        }
         let metrics = self.metrics
         for method: HTTPRequest.Method in [.get, .head, .put, .patch, .delete, .options] {
-            router.on(path, method: method) { _, _ in
+            router.on(path, method: method) { _, context in
                 metrics.pushAnswered(405)
-                return Response(status: .methodNotAllowed, headers: [.allow: "POST"])
+                return context.closingConnection(after: Response(status: .methodNotAllowed, headers: [.allow: "POST"]))
             }
         }
     }
+
+    /// Answers given before the body is read whole (`answer`).
+    static let refusedUnread: Set<HTTPResponse.Status> = [.unauthorized, .tooManyRequests, .unsupportedMediaType, .contentTooLarge]
 
     func handle(_ request: Request, client: String) async -> Response {
         let response = await answer(request, client: client)
