@@ -60,9 +60,11 @@ public struct PruneResult: Sendable, Equatable {
 
 /// How retention decides, the same on every back end.
 enum Retention {
-    /// Bytes of a rejected message the ledger keeps beside its SHA-256: enough to see what it
-    /// was, never the whole of a junk message.
-    static let keptRejectedBytes = 1024
+    /// Bytes of a rejected message the ledger keeps beside its SHA-256: as much as a truncated
+    /// dead letter keeps, so a SET refused (to be verified again by a replay, its key archived
+    /// meanwhile) is kept whole even when its dead letter could not be produced, never the whole
+    /// of a junk message.
+    static let keptRejectedBytes = 16 * 1024
 
     /// The recorded time of an audit record's canonical text (`"recorded_at":"…Z"`), as its
     /// RFC 3339 text: compared as text with the cutoff's (both UTC with milliseconds).

@@ -188,8 +188,11 @@ public struct EventProcessor: Sendable {
 
         // Dead letters first: an invalid message is committed only once its dead letter is durable.
         let invalid = verdicts.indices.filter { if case .invalid = verdicts[$0] { true } else { false } }
+        // Those whose dead letter was delivered (one refused for good is kept in the ledger only,
+        // and counted as a permanent failure, not as a dead letter).
+        var delivered = Set<Int>()
         if !invalid.isEmpty {
-            let firstUnsent = await withTaskGroup(of: (Int, Bool).self) { group in
+            let firstUnsent = await withTaskGroup(of: (Int, DeadLetterOutcome).self) { group in
                 for i in invalid {
                     guard case .invalid(let code, let description) = verdicts[i] else { continue }
                     metrics.verifyFailure(code)
@@ -203,12 +206,21 @@ public struct EventProcessor: Sendable {
                                                              code: code, description: description, source: message.source)
                             return true
                         }
-                        if case .stopped = sent { return (i, false) }
-                        return (i, true)
+                        switch sent {
+                        case .done: return (i, .delivered)
+                        case .refused: return (i, .refused)
+                        case .stopped: return (i, .stopped)
+                        }
                     }
                 }
                 var failed: [Int] = []
-                for await (i, ok) in group where !ok { failed.append(i) }
+                for await (i, sent) in group {
+                    switch sent {
+                    case .delivered: delivered.insert(i)
+                    case .refused: break
+                    case .stopped: failed.append(i)
+                    }
+                }
                 return failed.min()
             }
             if let firstUnsent { verdicts.removeSubrange(firstUnsent...) }
@@ -216,7 +228,7 @@ public struct EventProcessor: Sendable {
 
         var admitted: [Admitted] = []
         admitted.reserveCapacity(verdicts.count)
-        for (checked, verdict) in zip(batch, verdicts) {
+        for (index, (checked, verdict)) in zip(batch, verdicts).enumerated() {
             let message = checked.record.message
             switch verdict {
             case .valid(let event):
@@ -233,7 +245,7 @@ public struct EventProcessor: Sendable {
                 admitted.append(Admitted(record: checked.record, verdict: verdict,
                                          entry: .event(claimed, outcome: outcome, steps: steps)))
             case .invalid(let code, let description):
-                metrics.deadLettered()
+                if delivered.contains(index) { metrics.deadLettered() }
                 admitted.append(Admitted(record: checked.record, verdict: verdict,
                                          entry: .rejection(Rejection(token: message.value, source: message.source, code: code,
                                                                      description: description, receivedAt: message.receivedAt))))
@@ -241,6 +253,8 @@ public struct EventProcessor: Sendable {
         }
         return (admitted, batch[verdicts.count...])
     }
+
+    enum DeadLetterOutcome: Sendable { case delivered, refused, stopped }
 
     /// The error code of a valid event whose subject lookup the target refused.
     public static let subjectLookupRefused = "subject_lookup_refused"

@@ -150,6 +150,8 @@ public struct KafkaDeadLetters: DeadLetterSink {
 
     /// What a dead letter keeps of a value the cluster will not take whole.
     static let truncatedBytes = 16 * 1024
+    /// The longest key a truncated copy keeps.
+    static let keptKeyBytes = 1024
 
     public func deadLetter(value: [UInt8], key: [UInt8]?, headers original: [MessageHeader], code: String, description: String,
                            source: String) async throws(DeadLetterError) {
@@ -163,13 +165,19 @@ public struct KafkaDeadLetters: DeadLetterSink {
         do {
             do {
                 _ = try await producer.send(topic: topic, key: key, value: value, headers: headers)
-            } catch where error.isMessageTooLarge && value.count > Self.truncatedBytes {
-                // The original cannot be produced whole (a junk message of about the size
-                // limit, plus our headers): a truncated copy goes instead, saying so; the
-                // ledger's record of the delivery keeps the whole value.
-                headers.append(KafkaHeader("warden-truncated", "\(value.count) bytes, the first \(Self.truncatedBytes) kept; sha256 "
-                                           + TokenFingerprint.fingerprint(value)))
-                _ = try await producer.send(topic: topic, key: key, value: Array(value.prefix(Self.truncatedBytes)), headers: headers)
+            } catch where error.isMessageTooLarge {
+                // The original cannot be produced whole (a junk message of about the size limit
+                // with our headers, or one whose own headers or key are that large): a
+                // truncated copy goes instead, saying so — its value's first 16 KiB, with
+                // Warden's headers only, and the key if it is short. The ledger's record of the
+                // delivery keeps the value's first 16 KiB and its SHA-256.
+                let keptKey = key.flatMap { $0.count <= Self.keptKeyBytes ? $0 : nil }
+                var left = original.isEmpty ? "" : "; the original's \(original.count) headers left out"
+                if key != nil, keptKey == nil { left += "; its key (\(key!.count) bytes) left out" }
+                var copy = headers.filter { $0.name.hasPrefix("warden-") }
+                copy.append(KafkaHeader("warden-truncated", "\(value.count) bytes, the first \(min(value.count, Self.truncatedBytes)) kept; sha256 "
+                                        + TokenFingerprint.fingerprint(value) + left))
+                _ = try await producer.send(topic: topic, key: keptKey, value: Array(value.prefix(Self.truncatedBytes)), headers: copy)
             }
         } catch {
             throw DeadLetterError(error.description, isRetryable: error.isRetryable)

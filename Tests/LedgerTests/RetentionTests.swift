@@ -45,7 +45,7 @@ struct RetentionTests {
         late.receivedAt = 1_900_000_000
         _ = try await ledger.record([.event(late, outcome: .processed, steps: [])])
         // A rejected message keeps a bounded part of itself, and its digest.
-        let junk = [UInt8](repeating: UInt8(ascii: "x"), count: 5000)
+        let junk = [UInt8](repeating: UInt8(ascii: "x"), count: 20_000)
         try await ledger.recordRejection(Rejection(token: junk, source: "push", code: "invalid_request", description: "junk",
                                                    receivedAt: 1_900_000_000))
         let kept = try await query(storage, storage.backend == .sqlite

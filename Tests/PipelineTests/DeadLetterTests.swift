@@ -4,6 +4,7 @@ import Invalidation
 import Kafka
 import Ledger
 import Logging
+import Prometheus
 @testable import Pipeline
 import Synchronization
 import Testing
@@ -35,6 +36,10 @@ struct DeadLetterTests {
                                             MessageHeader(name: "trace", value: nil),
                                             MessageHeader(name: "warden-error", value: Array("old".utf8))],
                                   code: "invalid_key", description: "bad signature", source: "kafka:security-events/0/8")
+        // A small value whose own headers (and key) put it over the limit: the copy leaves them out.
+        try await sink.deadLetter(value: Array("small-too".utf8), key: [UInt8](repeating: UInt8(ascii: "k"), count: 2000),
+                                  headers: [MessageHeader(name: "pad", value: [UInt8](repeating: UInt8(ascii: "p"), count: 999_000))],
+                                  code: "invalid_request", description: "not a token", source: "kafka:security-events/0/9")
         producer.close()
         let consumer = try KafkaConsumer(configuration: .init(bootstrapServers: cluster.bootstrapServers, groupID: "dlq-reader",
                                                               topics: ["dlq"], properties: ["session.timeout.ms": "6000"]),
@@ -43,11 +48,17 @@ struct DeadLetterTests {
         var messages: [KafkaMessage] = []
         for await batch in consumer.batches {
             messages += batch
-            if messages.count >= 2 { break }
+            if messages.count >= 3 { break }
         }
         consumer.close()
         try await run
-        try #require(messages.count == 2)
+        try #require(messages.count == 3)
+        #expect(messages[2].value == Array("small-too".utf8))
+        #expect(messages[2].key == nil && messages[2].header("pad") == nil)
+        #expect(messages[2].header("warden-error") == Array("invalid_request".utf8))
+        let leftOut = String(decoding: messages[2].header("warden-truncated") ?? [], as: UTF8.self)
+        #expect(leftOut.hasPrefix("9 bytes, the first 9 kept; sha256 ") && leftOut.hasSuffix("; the original's 1 headers left out; its key (2000 bytes) left out"),
+                "\(leftOut)")
         #expect(messages[0].value.count == KafkaDeadLetters.truncatedBytes)
         #expect(messages[0].header("warden-error") == Array("invalid_request".utf8))
         #expect(messages[0].header("warden-source") == Array("security-events/0/7".utf8))
@@ -78,8 +89,9 @@ struct DeadLetterTests {
         defer { try? FileManager.default.removeItem(atPath: path) }
         let ledger = try SQLiteLedger(path: path)
         let sink = RefusingSink()
+        let registry = PrometheusCollectorRegistry()
         let processor = EventProcessor(verifier: SETVerifier(issuers: []), ledger: ledger, deadLetters: sink,
-                                       metrics: WardenMetrics(factory: NOOPMetricsHandler.instance), logger: Self.logger,
+                                       metrics: WardenMetrics(factory: PrometheusMetricsFactory(registry: registry)), logger: Self.logger,
                                        stop: StopSignal())
         let batch = ["junk-1", "junk-2"].enumerated().map { i, value in
             IntakeMessage(value: Array(value.utf8), source: "kafka:t/0/\(i)", receivedAt: 1)
@@ -88,6 +100,12 @@ struct DeadLetterTests {
         #expect(settled.map(\.code) == ["invalid_request", "invalid_request"])
         #expect(sink.attempts.withLock { $0 } == 2)
         #expect(try ledger.deliveries().map(\.verdict) == ["invalid", "invalid"])
+        // Counted as what they are: failed for good, not dead-lettered.
+        var text: [UInt8] = []
+        registry.emit(into: &text)
+        let metrics = String(decoding: text, as: UTF8.self)
+        #expect(metrics.contains("warden_dead_letters_total 0"), "\(metrics)")
+        #expect(metrics.contains(#"warden_permanent_failures_total{what="dead-letter"} 2"#), "\(metrics)")
         await ledger.close()
     }
 }
