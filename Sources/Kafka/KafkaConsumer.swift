@@ -384,7 +384,7 @@ private let rebalanceCallback: @convention(c) (OpaquePointer?, rd_kafka_resp_err
         // and the calls already made end), so that their next owner never acts on an event
         // while this member still is; then what finished is committed, and the partitions go.
         let assignments = state.tracker.withLock { tracker in
-            changed.compactMap { tracker.partitions[$0]?.assignment }
+            changed.flatMap { tp in tracker.partitions[tp].map { [$0.assignment] + $0.superseded } ?? [] }
         }
         let unfinished = PartitionAssignment.revoke(assignments, waitingUpTo: state.revocationGrace)
         if unfinished > 0 {

@@ -6,6 +6,10 @@ struct OffsetTracker: Sendable {
     struct Partition: Sendable {
         /// The assignment these offsets belong to.
         let assignment: PartitionAssignment
+        /// Earlier assignments of the partition under the same librdkafka assignment, left when
+        /// its position went back (`handedOut`): their work may still be under way, and a
+        /// revocation waits for it too.
+        var superseded: [PartitionAssignment] = []
         /// Offsets handed out, in increasing order, with whether each is done. `head` is the
         /// first entry not yet dropped.
         var offsets: [Int64] = []
@@ -114,7 +118,18 @@ struct OffsetTracker: Sendable {
     /// not be handed out: its next owner fetches it, and no commit for a partition this member
     /// no longer owns is made.
     mutating func handedOut(_ tp: TopicPartition, offset: Int64) -> PartitionAssignment? {
-        guard partitions[tp] != nil else { return nil }
+        guard let partition = partitions[tp] else { return nil }
+        if let next = partition.next, offset < next {
+            // The partition went back under the same assignment: librdkafka reset its position
+            // (`auto.offset.reset` after an offset out of range: the topic re-created, or
+            // truncated). Offsets must increase for the commit point to be found, so what was
+            // handed out before is tracked no more — its late finishes are ignored, as a
+            // revoked assignment's, and its work goes on — and the commit point starts here:
+            // what follows is read again (duplicates the ledger knows) or new.
+            revoked([tp])
+            assigned([tp])
+            partitions[tp]!.superseded = partition.superseded + [partition.assignment]
+        }
         change(tp) { $0.handedOut(offset) }
         return partitions[tp]!.assignment
     }

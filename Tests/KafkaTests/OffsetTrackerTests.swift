@@ -27,6 +27,34 @@ struct OffsetTrackerTests {
         #expect(tracker.takeCommits().isEmpty)
     }
 
+    // librdkafka resets a partition's position (an offset out of range: the topic re-created or
+    // truncated) and hands out lower offsets under the same assignment: the commit point follows
+    // the new position, no finish is lost in a search that assumes increasing offsets, and
+    // nothing stays counted in flight for ever.
+    @Test func aPartitionThatGoesBackStartsItsCommitPointAgain() {
+        var tracker = OffsetTracker()
+        tracker.assigned([p0])
+        let first = tracker.handedOut(p0, offset: 0)
+        for offset in Int64(1)..<10 { _ = tracker.handedOut(p0, offset: offset) }
+        for offset in Int64(0)..<10 where offset != 5 { tracker.finished(p0, offset: offset, assignment: first) }
+        #expect(tracker.takeCommits().map(\.1) == [5])
+        let again = tracker.handedOut(p0, offset: 3)
+        #expect(again != nil && again !== first)
+        // A revocation waits for the work of both.
+        #expect(tracker.partitions[p0]?.superseded.map(ObjectIdentifier.init) == [ObjectIdentifier(first!)])
+        #expect(tracker.inFlight == 1)
+        tracker.finished(p0, offset: 3, assignment: again)
+        tracker.finished(p0, offset: 5, assignment: first)  // of what was handed out before: ignored
+        #expect(tracker.takeCommits().map(\.1) == [4])
+        #expect(tracker.inFlight == 0)
+        for offset in Int64(4)..<12 {
+            _ = tracker.handedOut(p0, offset: offset)
+            tracker.finished(p0, offset: offset, assignment: again)
+        }
+        #expect(tracker.takeCommits().map(\.1) == [12])
+        #expect(tracker.load(budget: 1) == 0)
+    }
+
     @Test func partitionsAreIndependentAndRevocationForgets() {
         var tracker = OffsetTracker()
         tracker.assigned([p0, p1])
