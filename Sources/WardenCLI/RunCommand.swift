@@ -140,7 +140,12 @@ struct Worker {
         if let kafka = configuration.kafka {
             var properties = KafkaProperties(kafka.properties)
             if kafka.isEmbedded, properties["session.timeout.ms"] == nil { properties["session.timeout.ms"] = "6000" }
-            let producer = try KafkaProducer(bootstrapServers: brokers, properties: properties, logger: logger)
+            // The dead-letter producer: a send that cannot be delivered fails within 30 s, not
+            // librdkafka's five minutes, so that its retries (which end on SIGTERM) are what waits
+            // — not one send that outlasts a shutdown's grace period.
+            var deadLetterProperties = properties
+            if deadLetterProperties["message.timeout.ms"] == nil { deadLetterProperties["message.timeout.ms"] = "30000" }
+            let producer = try KafkaProducer(bootstrapServers: brokers, properties: deadLetterProperties, logger: logger)
             let consumer = try KafkaConsumer(
                 configuration: .init(bootstrapServers: brokers, groupID: kafka.group, topics: [kafka.topic], properties: properties,
                                      maximumInFlight: kafka.maximumInFlight, commitInterval: .seconds(kafka.commitInterval)),
