@@ -127,11 +127,8 @@ public final class KafkaTopicReader {
                 continue
             }
             defer { rd_kafka_message_destroy(pointer) }
-            guard pointer.pointee.err == RD_KAFKA_RESP_ERR_NO_ERROR else {
-                let reason = rd_kafka_message_errstr(pointer).map { String(cString: $0) } ?? ""
-                throw KafkaError(.client, "reading \(topic) failed: \(String(cString: rd_kafka_err2name(pointer.pointee.err))) \(reason)")
-            }
-            let partition = pointer.pointee.partition, offset = pointer.pointee.offset
+            let message = try Self.message(pointer, topic: topic)
+            let partition = message.partition, offset = message.offset
             guard let end = ends[partition], remaining.contains(partition) else { continue }
             guard offset < end else {
                 // Past the range's end: this partition is done, and fetches no more.
@@ -141,7 +138,6 @@ public final class KafkaTopicReader {
             consumed += 1
             progressSince = Date()
             if offset + 1 >= end { finish(partition) }
-            let message = KafkaMessage(copying: pointer)
             if let timestamp = message.timestamp {
                 let seconds = Double(timestamp) / 1000
                 if let from, seconds < from { skip(partition, offset); continue }
@@ -150,6 +146,23 @@ public final class KafkaTopicReader {
             messages.append(message)
         }
         return messages
+    }
+
+    /// The message a poll returned. A record librdkafka could not deliver whole (a CRC
+    /// mismatch, a batch it cannot decompress) and skips is a message marked unreadable
+    /// (`deliveryError`), as the worker hands it out, so that a replay reports it and goes on;
+    /// any other error stops the read.
+    static func message(_ pointer: UnsafeMutablePointer<rd_kafka_message_t>, topic: String) throws(KafkaError) -> KafkaMessage {
+        let m = pointer.pointee
+        guard m.err != RD_KAFKA_RESP_ERR_NO_ERROR else { return KafkaMessage(copying: pointer) }
+        let name = String(cString: rd_kafka_err2name(m.err))
+        let reason = rd_kafka_message_errstr(pointer).map { String(cString: $0) } ?? ""
+        guard KafkaConsumer.skippedRecordErrors.contains(m.err.rawValue), m.rkt != nil, m.partition >= 0, m.offset >= 0 else {
+            throw KafkaError(.client, "reading \(topic) failed: \(name) \(reason)")
+        }
+        var message = KafkaMessage(copying: pointer)
+        message.deliveryError = "\(name): \(reason)"
+        return message
     }
 
     /// Remembered as a run of skipped offsets (the usual skips, before `from` where the cluster

@@ -215,8 +215,9 @@ struct KafkaReplaySource: ReplaySource {
     mutating func next(limit: Int) throws -> [ReplayEntry] {
         try reader.next(limit: limit).map { message in
             ReplayEntry(position: "partition \(message.partition) offset \(message.offset)",
-                        token: Array(trimmedASCIIWhitespace(message.value)),
-                        receivedAt: message.timestamp.map { Double($0) / 1000 })
+                        token: message.deliveryError == nil ? Array(trimmedASCIIWhitespace(message.value)) : [],
+                        receivedAt: message.timestamp.map { Double($0) / 1000 },
+                        malformed: message.deliveryError.map { "the message could not be read whole: \($0)" })
         }
     }
 

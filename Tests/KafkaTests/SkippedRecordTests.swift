@@ -54,6 +54,18 @@ struct SkippedRecordTests {
         } == nil)
     }
 
+    // `warden replay --topic` reads past such a record too, reporting it, where it stopped.
+    @Test func theTopicReaderHandsOutASkippedRecordAsUnreadable() throws {
+        let message = try Self.withErrorMessage(RD_KAFKA_RESP_ERR__BAD_MSG, partition: 1, offset: 9) {
+            try KafkaTopicReader.message($0, topic: "security-events")
+        }
+        #expect(message.partition == 1 && message.offset == 9)
+        #expect(message.deliveryError?.hasPrefix("_BAD_MSG: Message at offset 9 failed CRC check") == true)
+        #expect(throws: KafkaError.self) {
+            try Self.withErrorMessage(RD_KAFKA_RESP_ERR__TRANSPORT, partition: 0, offset: 3) { try KafkaTopicReader.message($0, topic: "t") }
+        }
+    }
+
     @Test func otherConsumerErrorsAreNoMessages() throws {
         for err in [RD_KAFKA_RESP_ERR__PARTITION_EOF, RD_KAFKA_RESP_ERR__AUTO_OFFSET_RESET, RD_KAFKA_RESP_ERR__TRANSPORT] {
             #expect(try Self.withErrorMessage(err, partition: 0, offset: 3) { KafkaConsumer.convert($0, deliver: true, logger: Self.logger) } == nil)
