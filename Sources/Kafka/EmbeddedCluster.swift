@@ -31,6 +31,13 @@ public final class EmbeddedKafkaCluster: Sendable {
         guard err == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError.code(err, "cannot create topic \(name)") }
     }
 
+    /// Makes the next `count` offset commits fail with `TOPIC_AUTHORIZATION_FAILED` (tests).
+    func failOffsetCommits(_ count: Int) {
+        // OffsetCommit is Kafka protocol request 8.
+        let errors = [rd_kafka_resp_err_t](repeating: RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED, count: count)
+        rd_kafka_mock_push_request_errors_array(cluster.pointer, 8, count, errors)
+    }
+
     deinit {
         rd_kafka_mock_cluster_destroy(cluster.pointer)
         // `client` is destroyed after this, by its own deinit.

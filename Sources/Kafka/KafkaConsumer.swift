@@ -52,6 +52,8 @@ public struct KafkaConsumerConfiguration: Sendable {
 /// thread) and the tasks that finish messages.
 final class ConsumerState: Sendable {
     let tracker = Mutex(OffsetTracker())
+    /// Offset commits the cluster refused or that could not be sent, partition by partition.
+    let commitFailures = Atomic<Int>(0)
     /// The lifecycle: what the poll thread does next.
     let machine: Mutex<ConsumerStateMachine>
     let revocationGrace: Duration
@@ -170,11 +172,15 @@ public final class KafkaConsumer: Sendable {
     public var hasJoinedGroup: Bool { state.machine.withLock { $0.joined } }
 
     /// Per assigned partition: the offset last committed and the messages still in flight.
+    /// `committed`: the offset the cluster last confirmed committed (not merely sent).
     public func partitionStatus() -> [(partition: TopicPartition, committed: Int64?, inFlight: Int)] {
         state.tracker.withLock { tracker in
-            tracker.partitions.map { ($0.key, $0.value.committed, $0.value.inFlight) }
+            tracker.partitions.map { ($0.key, $0.value.confirmed, $0.value.inFlight) }
         }
     }
+
+    /// Offset commits failed so far (each partition of a failed commit counts once).
+    public var commitFailureCount: Int { state.commitFailures.load(ordering: .relaxed) }
 
     /// The partition's high watermark as last seen in a fetch (librdkafka's cached value; no
     /// request is made), or nil before any fetch.
@@ -342,11 +348,13 @@ public final class KafkaConsumer: Sendable {
         if err != RD_KAFKA_RESP_ERR_NO_ERROR {
             // Not committed: let the next round send these offsets again.
             state.tracker.withLock { tracker in tracker.forgetCommitted(commits.map(\.0)) }
+            state.commitFailures.add(commits.count, ordering: .relaxed)
             logger.warning("Kafka offset commit failed", metadata: [
                 "kafka.error": "\(String(cString: rd_kafka_err2name(err)))",
                 "kafka.partitions": "\(commits.map { "\($0.0)@\($0.1)" }.joined(separator: ","))",
             ])
         } else if synchronously {
+            state.tracker.withLock { tracker in for (tp, offset) in commits { tracker.confirmed(tp, offset: offset) } }
             logger.debug("committed offsets", metadata: ["kafka.partitions": "\(commits.map { "\($0.0)@\($0.1)" }.joined(separator: ","))"])
         }
     }
@@ -418,14 +426,20 @@ private let offsetCommitCallback: @convention(c) (OpaquePointer?, rd_kafka_resp_
     guard let context = CallbackContext.from(rk), let state = context.consumer, let list else { return }
     guard err != RD_KAFKA_RESP_ERR__NO_OFFSET else { return }
     var failed: [TopicPartition] = []
+    var confirmed: [(TopicPartition, Int64)] = []
     for i in 0..<Int(list.pointee.cnt) {
         let element = list.pointee.elems[i]
+        let tp = TopicPartition(String(cString: element.topic), element.partition)
         if err != RD_KAFKA_RESP_ERR_NO_ERROR || element.err != RD_KAFKA_RESP_ERR_NO_ERROR {
-            failed.append(TopicPartition(String(cString: element.topic), element.partition))
+            failed.append(tp)
+        } else {
+            confirmed.append((tp, element.offset))
         }
     }
+    if !confirmed.isEmpty { state.tracker.withLock { tracker in for (tp, offset) in confirmed { tracker.confirmed(tp, offset: offset) } } }
     if !failed.isEmpty {
         state.tracker.withLock { $0.forgetCommitted(failed) }
+        state.commitFailures.add(failed.count, ordering: .relaxed)
         context.logger.warning("Kafka offset commit failed; will retry", metadata: [
             "kafka.error": "\(String(cString: rd_kafka_err2name(err)))",
             "kafka.partitions": "\(failed.map(\.description).joined(separator: ","))",

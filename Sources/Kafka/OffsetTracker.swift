@@ -19,6 +19,8 @@ struct OffsetTracker: Sendable {
         var next: Int64?
         /// The offset last committed (or sent for commit).
         var committed: Int64?
+        /// The offset the cluster last confirmed committed.
+        var confirmed: Int64?
 
         /// The offset a commit may name: the first unfinished message, or the one after the last.
         var committable: Int64? { head < offsets.count ? offsets[head] : next }
@@ -157,6 +159,13 @@ struct OffsetTracker: Sendable {
             partitions[tp]!.committed = offset
         }
         return out
+    }
+
+    /// The cluster confirmed `offset` committed for this partition (of its current assignment:
+    /// a confirmation arriving after a revocation is of no partition this member reads).
+    mutating func confirmed(_ tp: TopicPartition, offset: Int64) {
+        guard partitions[tp] != nil, offset >= 0 else { return }
+        partitions[tp]!.confirmed = offset
     }
 
     /// A commit of this partition failed: send its commit point again next round.

@@ -106,7 +106,12 @@ public final class KafkaIntake: Service {
     }
 
     private func reportOffsets(until stop: StopSignal) async {
+        let commitFailures = metrics.counter("warden_kafka_commit_failures_total")
+        var failuresReported = 0
         while await stop.pause(1) {
+            let failures = consumer.commitFailureCount
+            if failures > failuresReported { commitFailures.increment(by: Int64(failures - failuresReported)) }
+            failuresReported = failures
             for status in consumer.partitionStatus() {
                 let labels = [("topic", status.partition.topic), ("partition", "\(status.partition.partition)")]
                 if let committed = status.committed {

@@ -1,5 +1,5 @@
 import Foundation
-import Kafka
+@testable import Kafka
 import Logging
 import Testing
 import WardenTestSupport
@@ -69,6 +69,38 @@ struct KafkaTests {
         #expect(again.map(\.offset) == [5, 6, 7, 8, 9])
         second.close()
         try await secondRun
+    }
+
+    // Commits the cluster refuses are counted, and the committed offset reported is the one the
+    // cluster confirmed, not the one last sent: lag does not look healthy while nothing commits.
+    @Test func refusedCommitsAreCountedAndOnlyConfirmedOffsetsReported() async throws {
+        let cluster = try EmbeddedKafkaCluster(topics: [("t5", 1)], logger: Self.logger)
+        try await Self.kcatProduce(cluster.bootstrapServers, topic: "t5", partition: 0, lines: (0..<5).map { "m-\($0)" })
+        let configuration = KafkaConsumerConfiguration(bootstrapServers: cluster.bootstrapServers, groupID: "g5", topics: ["t5"],
+                                                       properties: Self.fastGroup, commitInterval: .milliseconds(200))
+        let consumer = try KafkaConsumer(configuration: configuration, logger: Self.logger)
+        async let run: Void = consumer.run()
+        cluster.failOffsetCommits(1000)
+        #expect(try await Self.read(consumer, count: 5).count == 5)
+        for _ in 0..<100 where consumer.commitFailureCount < 3 { try await Task.sleep(for: .milliseconds(100)) }
+        #expect(consumer.commitFailureCount >= 3)
+        #expect(consumer.partitionStatus().allSatisfy { $0.committed == nil }, "\(consumer.partitionStatus())")
+        consumer.close()
+        try await run
+
+        // A cluster that takes the commits: the confirmed offset is reported.
+        let taking = try EmbeddedKafkaCluster(topics: [("t5", 1)], logger: Self.logger)
+        try await Self.kcatProduce(taking.bootstrapServers, topic: "t5", partition: 0, lines: (0..<5).map { "m-\($0)" })
+        let other = try KafkaConsumer(configuration: .init(bootstrapServers: taking.bootstrapServers, groupID: "g5", topics: ["t5"],
+                                                           properties: Self.fastGroup, commitInterval: .milliseconds(200)),
+                                      logger: Self.logger)
+        async let otherRun: Void = other.run()
+        #expect(try await Self.read(other, count: 5).count == 5)
+        for _ in 0..<100 where other.partitionStatus().first?.committed != 5 { try await Task.sleep(for: .milliseconds(100)) }
+        #expect(other.partitionStatus().map(\.committed) == [5])
+        #expect(other.commitFailureCount == 0)
+        other.close()
+        try await otherRun
     }
 
     @Test func producerReportsDeliveryAndHeadersArriveIntact() async throws {
