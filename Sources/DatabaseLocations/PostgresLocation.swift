@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 package import Logging
 package import PostgresNIO
 public import NIOSSL
@@ -152,8 +153,37 @@ public struct PostgresLocation: Sendable, Hashable, CustomStringConvertible {
         var configuration = PostgresConnection.Configuration(host: host, port: port, username: username, password: password,
                                                              database: database, tls: mode)
         configuration.options.connectTimeout = .seconds(5)
-        let connection = try await PostgresConnection.connect(configuration: configuration, id: 0, logger: logger)
+        // The connect timeout covers the TCP connection only: a server (or a balancer in front of
+        // one) that takes the connection and never answers would hold the probe for ever.
+        let settings = configuration
+        let connection = try await Self.answer(within: Self.probeDeadline) {
+            try await PostgresConnection.connect(configuration: settings, id: 0, logger: logger)
+        }
         try? await connection.close()
+    }
+
+    /// How long a probe waits for the server to answer its connection, TLS and login included.
+    package static let probeDeadline: Duration = .seconds(10)
+
+    struct NoAnswer: Error, CustomStringConvertible {
+        var limit: Duration
+        var description: String { "the server took the connection and did not answer within \(limit)" }
+    }
+
+    /// `body`'s result, or `NoAnswer` once `limit` has passed: `body` is then cancelled and not
+    /// waited for (a connection attempt that ignores cancellation ends on its own).
+    static func answer<T: Sendable>(within limit: Duration, _ body: @escaping @Sendable () async throws -> T) async throws -> T {
+        let first = FirstAnswer<T>()
+        return try await withCheckedThrowingContinuation { continuation in
+            first.waiting(continuation)
+            let work = Task {
+                do { first.answer(.success(try await body())) } catch { first.answer(.failure(error)) }
+            }
+            Task {
+                try? await Task.sleep(for: limit)
+                if first.answer(.failure(NoAnswer(limit: limit))) { work.cancel() }
+            }
+        }
     }
 
     /// Whether a failure to connect will recur until the configuration, the certificates or the
@@ -180,5 +210,25 @@ public struct PostgresLocation: Sendable, Hashable, CustomStringConvertible {
         configuration.options.maximumConnections = maximumConnections
         configuration.options.connectTimeout = .seconds(5)
         return PostgresClient(configuration: configuration, backgroundLogger: logger)
+    }
+}
+
+/// Resumes a continuation with the first answer given; later ones are dropped.
+final class FirstAnswer<T: Sendable>: Sendable {
+    private let state = Mutex<(continuation: CheckedContinuation<T, any Error>?, answered: Bool)>((nil, false))
+
+    func waiting(_ continuation: CheckedContinuation<T, any Error>) { state.withLock { $0.continuation = continuation } }
+
+    /// Whether this was the first answer.
+    @discardableResult
+    func answer(_ result: Result<T, any Error>) -> Bool {
+        let continuation = state.withLock { s -> CheckedContinuation<T, any Error>? in
+            guard !s.answered else { return nil }
+            s.answered = true
+            defer { s.continuation = nil }
+            return s.continuation
+        }
+        continuation?.resume(with: result)
+        return continuation != nil
     }
 }

@@ -55,6 +55,8 @@ public final class PostgresLedger: AuditingLedger {
                 return
             } catch {
                 attempt += 1
+                // Stopped (the process shuts down while the server does not answer): no more tries.
+                if Task.isCancelled { throw LedgerError(.unavailable, "opening the PostgreSQL ledger at \(location) was stopped: \(Self.describe(error))") }
                 if attempt >= 20 || PostgresLocation.isPermanentConnectionFailure(error) {
                     throw LedgerError(.unavailable, "cannot open the PostgreSQL ledger at \(location): \(Self.describe(error))")
                 }

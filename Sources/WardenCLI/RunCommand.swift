@@ -311,7 +311,13 @@ struct Prepared: Service {
     let prepare: @Sendable () async throws -> Void
     let service: any Service
     func run() async throws {
-        try await prepare()
+        // A preparation that does not end (a ledger whose server takes connections and never
+        // answers) ends on graceful shutdown, and the service then never starts.
+        do {
+            try await cancelWhenGracefulShutdown { try await prepare() }
+        } catch where Task.isShuttingDownGracefully {
+            return
+        }
         try await service.run()
     }
 }
