@@ -108,11 +108,23 @@ public final class KafkaIntake: Service {
     private func reportOffsets(until stop: StopSignal) async {
         let commitFailures = metrics.counter("warden_kafka_commit_failures_total")
         var failuresReported = 0
+        var reported = Set<TopicPartition>()
         while await stop.pause(1) {
             let failures = consumer.commitFailureCount
             if failures > failuresReported { commitFailures.increment(by: Int64(failures - failuresReported)) }
             failuresReported = failures
-            for status in consumer.partitionStatus() {
+            let statuses = consumer.partitionStatus()
+            // A partition moved to another member (a rebalance): its series go, rather than
+            // show their last values for ever beside the new owner's.
+            let current = Set(statuses.map(\.partition))
+            for gone in reported.subtracting(current) {
+                let labels = [("topic", gone.topic), ("partition", "\(gone.partition)")]
+                for name in ["warden_kafka_committed_offset", "warden_kafka_consumer_lag", "warden_kafka_in_flight"] {
+                    metrics.dropGauge(name, labels)
+                }
+            }
+            reported = current
+            for status in statuses {
                 let labels = [("topic", status.partition.topic), ("partition", "\(status.partition.partition)")]
                 if let committed = status.committed {
                     metrics.gauge("warden_kafka_committed_offset", labels).record(committed)

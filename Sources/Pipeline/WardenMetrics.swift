@@ -53,6 +53,12 @@ public final class WardenMetrics: Sendable {
         gauges.get(name, dimensions) { Gauge(label: name, dimensions: dimensions, factory: factory) }
     }
 
+    /// Stops exporting a gauge (of a partition no longer read here): a frozen value would read
+    /// as current.
+    func dropGauge(_ name: String, _ dimensions: [(String, String)]) {
+        gauges.remove(name, dimensions)?.destroy()
+    }
+
     public func received(source: String, count: Int = 1) {
         (source == "kafka" ? receivedFromKafka : counter("warden_events_received_total", [("source", source)])).increment(by: count)
     }
@@ -109,11 +115,21 @@ final class MetricCache<Metric: Sendable>: Sendable {
 
     private let made = Mutex<[Key: Metric]>([:])
 
-    func get(_ name: String, _ dimensions: [(String, String)], make: () -> Metric) -> Metric {
+    private static func key(_ name: String, _ dimensions: [(String, String)]) -> Key {
         var labels: [String] = []
         labels.reserveCapacity(dimensions.count * 2)
         for (label, value) in dimensions { labels += [label, value] }
-        let key = Key(name: name, labels: labels)
+        return Key(name: name, labels: labels)
+    }
+
+    /// The metric, forgotten: the next `get` makes a new one.
+    func remove(_ name: String, _ dimensions: [(String, String)]) -> Metric? {
+        let key = Self.key(name, dimensions)
+        return made.withLock { $0.removeValue(forKey: key) }
+    }
+
+    func get(_ name: String, _ dimensions: [(String, String)], make: () -> Metric) -> Metric {
+        let key = Self.key(name, dimensions)
         return made.withLock { cache in
             if let metric = cache[key] { return metric }
             let metric = make()

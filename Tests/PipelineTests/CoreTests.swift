@@ -705,6 +705,27 @@ struct CoreTests {
         #expect(lines.contains { $0.contains(#"status="other"} 0"#) })
     }
 
+    // A partition moved to another member: its gauges stop being exported (a frozen value
+    // would read as current), and come back if it is assigned here again.
+    @Test func aDroppedGaugeLeavesMetricsAndCanComeBack() {
+        let registry = PrometheusCollectorRegistry()
+        let metrics = WardenMetrics(factory: PrometheusMetricsFactory(registry: registry))
+        let labels = [("topic", "security-events"), ("partition", "3")]
+        func exported() -> String {
+            var text: [UInt8] = []
+            registry.emit(into: &text)
+            return String(decoding: text, as: UTF8.self)
+        }
+        metrics.gauge("warden_kafka_in_flight", labels).record(7)
+        metrics.gauge("warden_kafka_in_flight", [("topic", "security-events"), ("partition", "4")]).record(1)
+        #expect(exported().contains(#"warden_kafka_in_flight{topic="security-events",partition="3"} 7"#))
+        metrics.dropGauge("warden_kafka_in_flight", labels)
+        #expect(!exported().contains(#"partition="3""#), "\(exported())")
+        #expect(exported().contains(#"warden_kafka_in_flight{topic="security-events",partition="4"} 1"#))
+        metrics.gauge("warden_kafka_in_flight", labels).record(2)
+        #expect(exported().contains(#"warden_kafka_in_flight{topic="security-events",partition="3"} 2"#))
+    }
+
     // A call that lasts longer than the event's lease (a slow webhook): the lease is kept
     // renewed while the call is under way, so another process cannot take the event's steps
     // up and run the same step again meanwhile.
