@@ -99,14 +99,24 @@ public enum TargetSettings: Sendable, Hashable {
 
     /// A URL as shown: without a user and password, and with its query (a webhook's
     /// `?token=…`) only said to be there.
-    static func shown(_ url: URL) -> String {
-        guard var components = URLComponents(url: url, resolvingAgainstBaseURL: false) else { return "(a URL that cannot be shown)" }
-        components.user = nil
-        components.password = nil
-        let hasQuery = components.query != nil
-        components.query = nil
-        components.fragment = nil
-        return (components.string ?? "(a URL that cannot be shown)") + (hasQuery ? "?…" : "")
+    static func shown(_ url: URL) -> String { shown(text: url.absoluteString) }
+
+    /// A URL's text as shown, parsed or not (a configured value refused): what may be a user
+    /// and password (before an `@` in the authority) is left out, and the query and fragment
+    /// are only said to be there.
+    public static func shown(text: String) -> String {
+        var rest = Substring(text)
+        var hidden = ""
+        if let end = rest.firstIndex(where: { $0 == "?" || $0 == "#" }) {
+            hidden = rest[end] == "?" ? "?…" : ""
+            rest = rest[..<end]
+        }
+        let authorityStart = rest.range(of: "://")?.upperBound ?? rest.startIndex
+        let authority = rest[authorityStart...].prefix { $0 != "/" }
+        if let at = authority.lastIndex(of: "@") {
+            rest = rest[..<authorityStart] + rest[rest.index(after: at)...]
+        }
+        return String(rest.prefix(200)) + hidden
     }
 
     /// One line for `check-config` and logs, without secrets.

@@ -1,4 +1,5 @@
 public import Foundation
+import Invalidation
 public import TokenVerification
 import AsyncHTTPClient
 public import HTTPExchange
@@ -260,7 +261,7 @@ public struct WardenConfiguration: Sendable {
     /// `http://app.internal/…` there).
     static func url(_ r: ConfigReader, plainHTTP: Bool = false) throws(ConfigError) -> URL {
         let text = try r.requiredString()
-        let shown = shownURL(text)
+        let shown = TargetSettings.shown(text: text)
         guard let url = URL(string: text), url.host != nil else { throw r.error("\"\(shown)\" is not an absolute URL") }
         if plainHTTP {
             guard let scheme = url.scheme?.lowercased(), scheme == "http" || scheme == "https" else {
@@ -272,24 +273,6 @@ public struct WardenConfiguration: Sendable {
             throw r.error("\"\(shown)\" must use https (http is allowed only for loopback hosts)")
         }
         return url
-    }
-
-    /// A configured URL as errors show it, parsed or not: what may be a user and password
-    /// (before an `@` in the authority) and the query and fragment (tokens in a webhook's URL)
-    /// are left out.
-    static func shownURL(_ text: String) -> String {
-        var rest = Substring(text)
-        var hidden = ""
-        if let end = rest.firstIndex(where: { $0 == "?" || $0 == "#" }) {
-            rest = rest[..<end]
-            hidden = "?…"
-        }
-        let authorityStart = rest.range(of: "://")?.upperBound ?? rest.startIndex
-        let authority = rest[authorityStart...].prefix { $0 != "/" }
-        if let at = authority.lastIndex(of: "@") {
-            rest = rest[..<authorityStart] + "…@" + rest[rest.index(after: at)...]
-        }
-        return String(rest.prefix(200)) + hidden
     }
 
     static func positive(_ r: ConfigReader) throws(ConfigError) -> Double? {

@@ -2,6 +2,7 @@ public import Ledger
 public import Pipeline
 import Kafka
 import Foundation
+import Invalidation
 import TokenVerification
 
 /// The `kafka:` section.
@@ -245,7 +246,7 @@ public enum LedgerLocation: Sendable, Equatable {
             case .failure(let error): throw r.error(error.message)
             }
         }
-        throw r.error("\"\(text.lowercased().hasPrefix("postgres") ? "postgres://…" : WardenConfiguration.shownURL(text))\" is not a ledger URL (sqlite:///path, sqlite:relative/path or postgres://user@host/database)")
+        throw r.error("\"\(text.lowercased().hasPrefix("postgres") ? "postgres://…" : TargetSettings.shown(text: text))\" is not a ledger URL (sqlite:///path, sqlite:relative/path or postgres://user@host/database)")
     }
 }
 

@@ -113,9 +113,15 @@ public struct TestServerError: Error, CustomStringConvertible {
 
 /// A loopback TCP port nobody listens on right now.
 public func freeLoopbackPort() throws -> Int {
+    let (fd, port) = try boundLoopbackSocket()
+    close(fd)
+    return port
+}
+
+/// A TCP socket bound to a free loopback port: the descriptor (the caller closes it) and the port.
+func boundLoopbackSocket() throws -> (Int32, Int) {
     let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
     guard fd >= 0 else { throw TestServerError("socket() failed") }
-    defer { close(fd) }
     var address = sockaddr_in()
     address.sin_family = sa_family_t(AF_INET)
     address.sin_port = 0
@@ -123,12 +129,32 @@ public func freeLoopbackPort() throws -> Int {
     let bound = withUnsafePointer(to: &address) {
         $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
     }
-    guard bound == 0 else { throw TestServerError("bind() failed") }
+    guard bound == 0 else {
+        close(fd)
+        throw TestServerError("bind() failed")
+    }
     var length = socklen_t(MemoryLayout<sockaddr_in>.size)
     _ = withUnsafeMutablePointer(to: &address) {
         $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
     }
-    return Int(UInt16(bigEndian: address.sin_port))
+    return (fd, Int(UInt16(bigEndian: address.sin_port)))
+}
+
+/// A loopback port that takes connections (the kernel completes them) and never answers: a
+/// server that hangs, for as long as this object lives.
+public final class SilentListener: Sendable {
+    public let port: Int
+    private let fd: Int32
+
+    public init() throws {
+        (fd, port) = try boundLoopbackSocket()
+        guard listen(fd, 64) == 0 else {
+            close(fd)
+            throw TestServerError("listen() failed")
+        }
+    }
+
+    deinit { close(fd) }
 }
 
 public func canConnect(port: Int) -> Bool {

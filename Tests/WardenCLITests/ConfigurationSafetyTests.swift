@@ -40,7 +40,7 @@ struct ConfigurationSafetyTests {
             let text = error(yaml)
             #expect(text != "no error" && !text.contains("hunter2"), "\(text)")
         }
-        #expect(error(refused[0]).contains("\"http://…@auth.internal/revoke\" must use https"))
+        #expect(error(refused[0]).contains("\"http://auth.internal/revoke\" must use https"))
         #expect(error(refused[1]).contains("\"app.internal/h?…\" is not an absolute URL"))
     }
 

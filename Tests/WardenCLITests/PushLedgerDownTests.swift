@@ -15,17 +15,9 @@ struct PushLedgerDownTests {
         let config = directory.appendingPathComponent("warden.yaml")
         // A port that takes connections and never answers: opening the ledger hangs (a
         // PostgreSQL server not up yet, behind a load balancer), for longer than the test.
-        let silent = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        defer { close(silent) }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafeMutablePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(silent, $0, length) == 0 && listen(silent, 64) == 0 && getsockname(silent, $0, &length) == 0 }
-        }
-        try #require(bound)
-        let port = Int(UInt16(bigEndian: address.sin_port))
+        let silent = try SilentListener()
+        defer { withExtendedLifetime(silent) {} }
+        let port = silent.port
         try """
         \(WorkerTests.issuerSection("jwks-file: jwks.json"))
         receiver:
