@@ -173,7 +173,7 @@ struct ReplayTests {
         let (directory, config, path) = try AuditExportTests.ledgerFolder()
         defer { try? FileManager.default.removeItem(at: directory) }
         await (try SQLiteLedger(path: path)).close()
-        _ = try await runProgram("/usr/bin/sqlite3", [path, "CREATE TRIGGER refuse BEFORE INSERT ON events BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;"])
+        _ = try await runProgram("/usr/bin/sqlite3", ["-cmd", ".timeout 5000", path, "CREATE TRIGGER refuse BEFORE INSERT ON events BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;"])
         let log = directory.appendingPathComponent("events.log")
         try (try WorkerTests.token(jti: "refused-1", subject: "u-refused") + "\n").write(to: log, atomically: true, encoding: .utf8)
         let applied = try await Self.replay(config, log, apply: true)
@@ -430,7 +430,7 @@ struct AuditExportTests {
         try await Self.validate(lines)
         #expect(try await Warden.run(["audit", "verify", "--config", config.path]).status == 0)
 
-        _ = try await runProgram("/usr/bin/sqlite3", [path, "INSERT INTO audit_records VALUES (\(start.seq), '{\"seq\":\(start.seq)}', 'x', 'y')"])
+        _ = try await runProgram("/usr/bin/sqlite3", ["-cmd", ".timeout 5000", path, "INSERT INTO audit_records VALUES (\(start.seq), '{\"seq\":\(start.seq)}', 'x', 'y')"])
         let broken = try await Warden.run(["audit", "verify", "--config", config.path])
         #expect(broken.status == 1)
         #expect(broken.stdout.contains("broken at record \(start.seq)"), "\(broken.stdout)")
@@ -463,14 +463,14 @@ struct AuditExportTests {
         let anchor = String(intact.stdout.split(separator: " ").last ?? "").trimmingCharacters(in: .whitespacesAndNewlines)
         #expect(try await Warden.run(["audit", "verify", "--config", config.path, "--anchor", anchor]).status == 0)
         #expect(try await Warden.run(["audit", "verify", "--config", config.path, "--anchor", "10:xyz"]).status == 2)
-        _ = try await runProgram("/usr/bin/sqlite3", [path, "UPDATE audit_records SET record = replace(record, 'j3', 'j9') WHERE seq = 7"])
+        _ = try await runProgram("/usr/bin/sqlite3", ["-cmd", ".timeout 5000", path, "UPDATE audit_records SET record = replace(record, 'j3', 'j9') WHERE seq = 7"])
         let broken = try await Warden.run(["audit", "verify", "--config", config.path])
         #expect(broken.status == 1)
         #expect(broken.stdout.contains("broken at record 7"), "\(broken.stdout)")
 
         // The tail cut and the head moved to match: only the anchor tells.
-        _ = try await runProgram("/usr/bin/sqlite3", [path, "UPDATE audit_records SET record = replace(record, 'j9', 'j3') WHERE seq = 7"])
-        _ = try await runProgram("/usr/bin/sqlite3", [path, "DELETE FROM audit_records WHERE seq = 10; UPDATE audit_head SET seq = 9, hash = (SELECT hash FROM audit_records WHERE seq = 9)"])
+        _ = try await runProgram("/usr/bin/sqlite3", ["-cmd", ".timeout 5000", path, "UPDATE audit_records SET record = replace(record, 'j9', 'j3') WHERE seq = 7"])
+        _ = try await runProgram("/usr/bin/sqlite3", ["-cmd", ".timeout 5000", path, "DELETE FROM audit_records WHERE seq = 10; UPDATE audit_head SET seq = 9, hash = (SELECT hash FROM audit_records WHERE seq = 9)"])
         #expect(try await Warden.run(["audit", "verify", "--config", config.path]).status == 0)
         let cut = try await Warden.run(["audit", "verify", "--config", config.path, "--anchor", anchor])
         #expect(cut.status == 1)
