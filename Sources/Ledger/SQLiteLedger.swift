@@ -3,12 +3,14 @@ internal import GRDB
 internal import GRDBSQLite
 import Synchronization
 
-/// The ledger in one SQLite file (WAL mode, `synchronous=FULL`: a recorded outcome survives a
-/// crash of the process or the machine).
+/// The ledger in one SQLite file, in WAL mode. No caller is told a write is done before it is
+/// synced to the disk, so a recorded outcome survives a crash of the process or the machine.
 ///
 /// Writes from many concurrent callers are grouped: a writer thread takes whatever is queued
-/// and writes it in one transaction, then answers every caller (if that transaction fails, each
-/// caller's write is tried again in a transaction of its own). One fsync then serves a whole batch.
+/// and writes it in one transaction (if that transaction fails, each caller's write is tried
+/// again in a transaction of its own). A second thread (`WALSyncer`) syncs the WAL and then
+/// answers the callers of every transaction committed before that sync began. One sync then serves
+/// several transactions, and the writer goes on to the next one while the disk syncs the last.
 public final class SQLiteLedger: AuditingLedger {
     public let path: String
     private let database: DatabaseQueue
@@ -19,7 +21,12 @@ public final class SQLiteLedger: AuditingLedger {
     /// Reads for audits and replays, beside the writer (WAL: each sees what is committed).
     let reader: SQLiteLedgerReader
 
-    public init(path: String) throws(LedgerError) {
+    public convenience init(path: String) throws(LedgerError) {
+        try self.init(path: path, syncWAL: { fdatasync($0) })
+    }
+
+    /// `syncWAL`: how the WAL's file descriptor is synced (tests watch it); 0 on success.
+    init(path: String, syncWAL: @escaping @Sendable (Int32) -> Int32) throws(LedgerError) {
         self.path = path
         var configuration = Configuration()
         configuration.journalMode = .wal
@@ -48,11 +55,14 @@ public final class SQLiteLedger: AuditingLedger {
                 let directory = URL(fileURLWithPath: path).deletingLastPathComponent().path
                 try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
                 let opened = try DatabaseQueue(path: path, configuration: configuration)
-                // Set once the queue is open: GRDB turns WAL on after `prepareDatabase`, and with
-                // it `synchronous = NORMAL`, under which a commit is not synced and the last
-                // transactions are lost when the machine (not only the process) goes down.
+                // Migrations commit synced (`FULL`); GRDB turns WAL on after `prepareDatabase`,
+                // and with it `synchronous = NORMAL`.
                 try opened.writeWithoutTransaction { try $0.execute(sql: "PRAGMA synchronous = FULL") }
                 try Self.migrator.migrate(opened)
+                // Then `NORMAL`: a commit writes the WAL without syncing it, and `WALSyncer` syncs
+                // it before any caller is answered. SQLite still syncs the WAL before each
+                // checkpoint, the database after it, and the WAL's header when it starts over.
+                try opened.writeWithoutTransaction { try $0.execute(sql: "PRAGMA synchronous = NORMAL") }
                 database = opened
                 break
             } catch is DatabaseError where attempt < 100 {
@@ -62,7 +72,7 @@ public final class SQLiteLedger: AuditingLedger {
                 throw LedgerError(.unavailable, "cannot open the SQLite ledger at \(path): \(error)")
             }
         }
-        writer = BatchWriter(database: database)
+        writer = BatchWriter(database: database, syncer: WALSyncer(walPath: path + "-wal", sync: syncWAL))
         checkpointer = try Checkpointer(path: path)
         reader = try SQLiteLedgerReader(path: path)
     }
@@ -468,7 +478,7 @@ public final class SQLiteLedger: AuditingLedger {
             try audit.commit(in: db)
             return refusals
         }
-        return RecordedSteps(refusals: refusals, durableAt: committedAt)
+        return RecordedSteps(refusals: refusals, durableAt: committedAt.syncedAt)
     }
 
     public func steps(ofEvent eventID: Int64) async throws(LedgerError) -> [OutboxStep] {
@@ -548,7 +558,7 @@ public final class SQLiteLedger: AuditingLedger {
         }
     }
 
-    /// `PRAGMA synchronous` on the writing connection (2 = FULL: every commit is synced).
+    /// `PRAGMA synchronous` on the writing connection (1 = NORMAL: `WALSyncer` syncs each commit).
     func synchronousLevel() async throws(LedgerError) -> Int {
         try await writer.submit { db in try Int.fetchOne(db, sql: "PRAGMA synchronous") ?? -1 }
     }
@@ -733,8 +743,20 @@ final class BatchWriter: Sendable {
         let execute: @Sendable (Database) throws -> Void
         /// Committed in a transaction without other queued writes (urgent ones may join it).
         let alone: Bool
-        /// Called on the writer's thread: when the transaction committed, or why it failed.
-        let complete: @Sendable (Result<ContinuousClock.Instant, any Error>) -> Void
+        /// Called on the writer's or the syncer's thread: when the transaction was synced, or why
+        /// it failed.
+        let complete: @Sendable (Result<Commit, any Error>) -> Void
+    }
+
+    /// A transaction as its callers learn it: its place in the writer's order, and when it was
+    /// synced (several may share a sync). Two commits are equal when they are one transaction.
+    struct Commit: Sendable, Hashable, Comparable {
+        let number: Int
+        let syncedAt: ContinuousClock.Instant
+
+        static func == (a: Commit, b: Commit) -> Bool { a.number == b.number }
+        func hash(into hasher: inout Hasher) { hasher.combine(number) }
+        static func < (a: Commit, b: Commit) -> Bool { a.number < b.number }
     }
 
     private struct Queue {
@@ -750,8 +772,11 @@ final class BatchWriter: Sendable {
     private let wakeUp = DispatchSemaphore(value: 0)
     private let exited = DispatchSemaphore(value: 0)
 
-    init(database: DatabaseQueue) {
+    private let syncer: WALSyncer
+
+    init(database: DatabaseQueue, syncer: WALSyncer) {
         self.database = database
+        self.syncer = syncer
         let thread = Thread { [self] in
             nameThisThread("warden-ledger")
             self.loop()
@@ -771,18 +796,18 @@ final class BatchWriter: Sendable {
         try await submitTimed(urgent: urgent, alone: alone, body).0
     }
 
-    /// `submit`, also telling when the transaction committed.
+    /// `submit`, also telling which transaction held the write, and when it was synced.
     func submitTimed<T: Sendable>(urgent: Bool = false, alone: Bool = false, _ body: @escaping @Sendable (Database) throws -> T)
-        async throws(LedgerError) -> (T, ContinuousClock.Instant)
+        async throws(LedgerError) -> (T, Commit)
     {
-        let result: Result<(T, ContinuousClock.Instant), LedgerError> = await withCheckedContinuation { continuation in
+        let result: Result<(T, Commit), LedgerError> = await withCheckedContinuation { continuation in
             let box = ResultBox<T>()
             let job = Job(execute: { db in box.set(try body(db)) }, alone: alone && !urgent, complete: { result in
                 switch result {
                 case .failure(let error):
                     continuation.resume(returning: .failure(error as? LedgerError ?? LedgerError(SQLiteLedger.kind(of: error), "ledger write failed: \(error)")))
-                case .success(let committedAt):
-                    continuation.resume(returning: .success((box.take(), committedAt)))
+                case .success(let commit):
+                    continuation.resume(returning: .success((box.take(), commit)))
                 }
             })
             let accepted = queue.withLock { q -> Bool in
@@ -810,6 +835,8 @@ final class BatchWriter: Sendable {
     /// `alone`, or every write queued before the next one alone), while urgent writes queued
     /// meanwhile join it.
     private func loop() {
+        // Transactions committed so far.
+        var commits = 0
         while true {
             let (urgent, batch, closed) = queue.withLock { q -> ([Job], [Job], Bool) in
                 let urgent = q.urgent
@@ -826,9 +853,10 @@ final class BatchWriter: Sendable {
                 wakeUp.wait()
                 continue
             }
-            if !urgent.isEmpty { run(urgent) }
-            if !batch.isEmpty { run(batch, joiningUrgent: true) }
+            if !urgent.isEmpty { run(urgent, commits: &commits) }
+            if !batch.isEmpty { run(batch, joiningUrgent: true, commits: &commits) }
         }
+        syncer.close()
         exited.signal()
     }
 
@@ -838,7 +866,7 @@ final class BatchWriter: Sendable {
     /// `joiningUrgent`: urgent writes queued while the batch ran join its transaction before it
     /// commits, so a step's outcome answered during an intake write is durable with that write's
     /// commit, not after a transaction (and a sync) of its own.
-    private func run(_ jobs: [Job], joiningUrgent: Bool = false) {
+    private func run(_ jobs: [Job], joiningUrgent: Bool = false, commits: inout Int) {
         var batch = jobs
         do {
             try database.inTransaction(.immediate) { db in
@@ -853,8 +881,8 @@ final class BatchWriter: Sendable {
                 }
                 return .commit
             }
-            let committedAt = ContinuousClock.now
-            for job in batch { job.complete(.success(committedAt)) }
+            commits += 1
+            syncer.committed(batch, number: commits)
         } catch {
             guard batch.count > 1 else {
                 batch[0].complete(.failure(error))
@@ -866,7 +894,8 @@ final class BatchWriter: Sendable {
                         try job.execute(db)
                         return .commit
                     }
-                    job.complete(.success(ContinuousClock.now))
+                    commits += 1
+                    syncer.committed([job], number: commits)
                 } catch {
                     job.complete(.failure(error))
                 }
@@ -936,4 +965,95 @@ final class ResultBox<T>: @unchecked Sendable {
     private var value: T?
     func set(_ v: T) { value = v }
     func take() -> T { value! }
+}
+
+/// Syncs the WAL after commits, on a thread of its own, and only then answers their callers.
+///
+/// The writer commits with `synchronous = NORMAL` (the WAL written, not synced) and hands the
+/// transaction's callers here. Each turn takes every transaction committed so far, syncs the WAL
+/// (`fdatasync`), and answers them: a sync covers every byte written before it began, and a
+/// crash keeps the WAL up to its last whole commit, so each of them is durable. Meanwhile the
+/// writer runs the next transaction instead of waiting for the disk.
+///
+/// A sync that fails leaves unknown what reached the disk (the kernel may have dropped the
+/// pages it could not write), and trying again proves nothing: the process stops, without
+/// answering, and a restart takes up again from what the ledger and the intake's sources hold.
+final class WALSyncer: Sendable {
+    private struct State {
+        var committed: [(jobs: [BatchWriter.Job], number: Int)] = []
+        var closed = false
+    }
+
+    let walPath: String
+    private let sync: @Sendable (Int32) -> Int32
+    private let state = Mutex(State())
+    private let wakeUp = DispatchSemaphore(value: 0)
+    private let exited = DispatchSemaphore(value: 0)
+
+    init(walPath: String, sync: @escaping @Sendable (Int32) -> Int32) {
+        self.walPath = walPath
+        self.sync = sync
+        let thread = Thread { [self] in
+            nameThisThread("warden-walsync")
+            self.loop()
+        }
+        thread.name = "warden-ledger-sync"
+        thread.start()
+    }
+
+    /// Answers `jobs`, whose transaction `number` committed, once the WAL is synced.
+    func committed(_ jobs: [BatchWriter.Job], number: Int) {
+        state.withLock { $0.committed.append((jobs, number)) }
+        wakeUp.signal()
+    }
+
+    /// Syncs and answers what is committed, then stops (called by the writer once it stopped).
+    func close() {
+        state.withLock { $0.closed = true }
+        wakeUp.signal()
+        exited.wait()
+    }
+
+    private func loop() {
+        var wal: (fd: Int32, inode: UInt64)? = nil
+        while true {
+            let (committed, closed) = state.withLock { s -> ([(jobs: [BatchWriter.Job], number: Int)], Bool) in
+                defer { s.committed = [] }
+                return (s.committed, s.closed)
+            }
+            if committed.isEmpty {
+                if closed { break }
+                // Woken by each commit: a wake-up left over from commits already taken only
+                // makes one more turn.
+                wakeUp.wait()
+                continue
+            }
+            // The WAL as it is now: SQLite keeps its file while any connection is open, but a
+            // file put in its place would otherwise be trusted through the old descriptor.
+            var status = stat()
+            guard stat(walPath, &status) == 0 else { fail("cannot find the ledger's WAL \(walPath)", errno) }
+            if let open = wal, open.inode != UInt64(status.st_ino) {
+                Glibc.close(open.fd)
+                wal = nil
+            }
+            if wal == nil {
+                let fd = open(walPath, O_RDONLY | O_CLOEXEC)
+                guard fd >= 0 else { fail("cannot open the ledger's WAL \(walPath) to sync it", errno) }
+                wal = (fd, UInt64(status.st_ino))
+            }
+            guard sync(wal!.fd) == 0 else { fail("cannot sync the ledger's WAL \(walPath)", errno) }
+            let syncedAt = ContinuousClock.now
+            for (jobs, number) in committed {
+                for job in jobs { job.complete(.success(BatchWriter.Commit(number: number, syncedAt: syncedAt))) }
+            }
+        }
+        if let wal { Glibc.close(wal.fd) }
+        exited.signal()
+    }
+
+    private func fail(_ what: String, _ code: Int32) -> Never {
+        let message = "warden: \(what): \(String(cString: strerror(code))); stopping without answering the writes not yet synced\n"
+        FileHandle.standardError.write(Data(message.utf8))
+        fatalError(what)
+    }
 }

@@ -17,13 +17,65 @@ struct SQLiteLedgerTests {
                     algorithm: "RS256", keyThumbprint: "tp", issuedAt: 1_800_000_000, receivedAt: 1_800_000_001)
     }
 
-    /// Every commit is synced (FULL), so a recorded outcome or claim survives the machine going
-    /// down, not only the process; opening in WAL mode must not leave it at NORMAL.
-    @Test func everyCommitIsSynced() async throws {
+    /// No write is answered before the WAL holding it is synced, so a claim or an outcome
+    /// survives the machine going down, not only the process: while the sync is held back the
+    /// claim is committed (a reader sees it) but its caller still waits; once the sync returns,
+    /// the caller is answered. Migrations commit synced themselves (FULL).
+    @Test func noWriteIsAnsweredBeforeTheWALIsSynced() async throws {
         let path = Self.temporaryPath()
-        #expect(try await SQLiteLedger(path: path).synchronousLevel() == 2)
-        // An existing ledger, reopened.
-        #expect(try await SQLiteLedger(path: path).synchronousLevel() == 2)
+        let gate = SyncGate()
+        let ledger = try SQLiteLedger(path: path, syncWAL: { gate.sync($0) })
+        #expect(try await ledger.synchronousLevel() == 1)
+        let syncedBefore = gate.syncs
+        gate.hold()
+        let answered = Mutex(false)
+        let claim = Task {
+            let claim = try await ledger.claim(Self.event(jti: "synced"), outcome: .processed, steps: [])
+            answered.withLock { $0 = true }
+            return claim
+        }
+        // The syncer is held inside a sync taken after the claim's commit.
+        for _ in 0..<500 where gate.waiting == 0 { try await Task.sleep(for: .milliseconds(10)) }
+        #expect(gate.waiting == 1)
+        #expect(try SQLiteLedgerReader(path: path).eventCount() == 1)
+        try await Task.sleep(for: .milliseconds(100))
+        #expect(!answered.withLock { $0 })
+        gate.release()
+        guard case .new = try await claim.value else { Issue.record("the claim was not new"); return }
+        #expect(answered.withLock { $0 })
+        #expect(gate.syncs == syncedBefore + 1)
+        // The descriptor synced is the WAL's.
+        #expect(gate.syncedPaths.allSatisfy { $0 == path + "-wal" })
+        await ledger.close()
+    }
+
+    /// A WAL sync that a test holds back, counting the syncs and naming the files synced.
+    final class SyncGate: Sendable {
+        private struct State {
+            var held = false
+            var waiting = 0
+            var syncs = 0
+            var paths: [String] = []
+        }
+        private let state = Mutex(State())
+
+        func hold() { state.withLock { $0.held = true } }
+        func release() { state.withLock { $0.held = false } }
+        var waiting: Int { state.withLock { $0.waiting } }
+        var syncs: Int { state.withLock { $0.syncs } }
+        var syncedPaths: [String] { state.withLock { $0.paths } }
+
+        func sync(_ fd: Int32) -> Int32 {
+            let path = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/fd/\(fd)")) ?? "?"
+            state.withLock { $0.waiting += 1 }
+            while state.withLock({ $0.held }) { usleep(1000) }
+            state.withLock {
+                $0.waiting -= 1
+                $0.syncs += 1
+                $0.paths.append(path)
+            }
+            return fdatasync(fd)
+        }
     }
 
     /// The writer and checkpoint threads carry names of their own where `top -H` and `perf`
@@ -37,11 +89,11 @@ struct SQLiteLedgerTests {
                 .map { $0.trimmingCharacters(in: .whitespacesAndNewlines) })
         }
         var seen = names()
-        for _ in 0..<100 where !seen.isSuperset(of: ["warden-ledger", "warden-checkpts"]) {
+        for _ in 0..<100 where !seen.isSuperset(of: ["warden-ledger", "warden-checkpts", "warden-walsync"]) {
             try await Task.sleep(for: .milliseconds(20))
             seen = names()
         }
-        #expect(seen.isSuperset(of: ["warden-ledger", "warden-checkpts"]))
+        #expect(seen.isSuperset(of: ["warden-ledger", "warden-checkpts", "warden-walsync"]))
     }
 
     /// A new event's token is kept apart from its row (which its outcome rewrites); events of
@@ -183,7 +235,7 @@ struct SQLiteLedgerTests {
     /// A write that holds the writer thread inside its transaction until released.
     struct HeldWrite {
         let gate = DispatchSemaphore(value: 0)
-        let committed: Task<ContinuousClock.Instant, any Error>
+        let committed: Task<BatchWriter.Commit, any Error>
 
         init(_ ledger: SQLiteLedger) async {
             let entered = DispatchSemaphore(value: 0), gate = self.gate
@@ -197,7 +249,7 @@ struct SQLiteLedgerTests {
         }
 
         /// Lets it commit; returns when it did.
-        func release() async throws -> ContinuousClock.Instant {
+        func release() async throws -> BatchWriter.Commit {
             gate.signal()
             return try await committed.value
         }
