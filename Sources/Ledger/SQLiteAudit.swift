@@ -159,7 +159,7 @@ extension SQLiteLedger {
     }
 
     public func archivedKeys() async throws(LedgerError) -> [ArchivedKey] {
-        try reader.read { db in
+        try await durableRead { db in
             try Row.fetchAll(db, sql: "SELECT issuer, kid, thumbprint, jwk, first_seen, last_seen FROM signing_keys ORDER BY issuer, kid, last_seen")
                 .compactMap { row -> ArchivedKey? in
                     // A row edited by hand to hold other types is no key (GRDB's conversions would trap).
@@ -171,7 +171,7 @@ extension SQLiteLedger {
     }
 
     public func auditRecords(afterSeq: Int64, limit: Int) async throws(LedgerError) -> [StoredAuditRecord] {
-        try reader.read { db in
+        try await durableRead { db in
             try Row.fetchAll(db, sql: "SELECT seq, record, prev_hash, hash FROM audit_records WHERE seq > ? ORDER BY seq LIMIT ?",
                              arguments: [afterSeq, limit])
                 // `seq` is the rowid, always an integer; the texts may have been edited into
@@ -182,7 +182,7 @@ extension SQLiteLedger {
     }
 
     public func auditHead() async throws(LedgerError) -> (seq: Int64, hash: String) {
-        try reader.read { db in
+        try await durableRead { db in
             guard let row = try Row.fetchOne(db, sql: "SELECT seq, hash FROM audit_head WHERE id = 1") else {
                 return (-1, "the head is missing")
             }
@@ -191,7 +191,7 @@ extension SQLiteLedger {
     }
 
     public func eventStates(_ keys: [EventKey]) async throws(LedgerError) -> [EventKey: EventState] {
-        try reader.read { db in
+        try await durableRead { db in
             var states: [EventKey: EventState] = [:]
             // A few hundred pairs per statement: one index probe each, one statement per chunk.
             for start in stride(from: 0, to: keys.count, by: 400) {
@@ -227,11 +227,11 @@ extension SQLiteLedger {
     }
 
     public func retentionCutoff() async throws(LedgerError) -> Double? {
-        try reader.read { db in try Double.fetchOne(db, sql: "SELECT pruned_before FROM audit_start WHERE id = 1") }
+        try await durableRead { db in try Double.fetchOne(db, sql: "SELECT pruned_before FROM audit_start WHERE id = 1") }
     }
 
     public func rejectedDigests(_ digests: [String]) async throws(LedgerError) -> Set<String> {
-        try reader.read { db in
+        try await durableRead { db in
             var found = Set<String>()
             for start in stride(from: 0, to: digests.count, by: 800) {
                 let chunk = Array(digests[start..<min(start + 800, digests.count)])
@@ -246,7 +246,7 @@ extension SQLiteLedger {
     public func events(sourcePrefix: String, receivedFrom from: Double, to: Double, afterID: Int64, limit: Int) async throws(LedgerError)
         -> [EventSummary]
     {
-        try reader.read { db in
+        try await durableRead { db in
             try Row.fetchAll(db, sql: """
                 SELECT id, issuer, jti, event_types, outcome, received_at, source FROM events
                 WHERE id > ? AND substr(source, 1, ?) = ? AND received_at >= ? AND received_at < ? ORDER BY id LIMIT ?
@@ -277,7 +277,7 @@ extension SQLiteLedger {
 
 extension SQLiteLedger {
     public func auditStart() async throws(LedgerError) -> (seq: Int64, hash: String) {
-        try reader.read { db in
+        try await durableRead { db in
             guard let row = try Row.fetchOne(db, sql: "SELECT seq, hash FROM audit_start WHERE id = 1") else { return (0, AuditChain.genesis) }
             // Not a number (edited by hand): a start no record follows, named by the check.
             return (integer(row, 0) ?? .max, lossyText(row, 1))

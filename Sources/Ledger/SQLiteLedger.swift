@@ -72,9 +72,20 @@ public final class SQLiteLedger: AuditingLedger {
                 throw LedgerError(.unavailable, "cannot open the SQLite ledger at \(path): \(error)")
             }
         }
-        writer = BatchWriter(database: database, syncer: WALSyncer(walPath: path + "-wal", sync: syncWAL))
-        checkpointer = try Checkpointer(path: path)
+        // The WAL's descriptor first, then the reader, then the threads: a failure leaves none running.
+        let syncer = try WALSyncer(walPath: path + "-wal", sync: syncWAL)
         reader = try SQLiteLedgerReader(path: path)
+        checkpointer = try Checkpointer(path: path)
+        writer = BatchWriter(database: database, syncer: syncer)
+    }
+
+    /// A read whose result leaves the process (an audit, a replay's comparison): returned once
+    /// everything it may have seen is on the disk, by a sync of the WAL begun after it. Other
+    /// processes sharing the file write the same WAL, so their commits are covered too.
+    func durableRead<T>(_ body: (Database) throws -> T) async throws(LedgerError) -> T {
+        let value = try reader.read(body)
+        try await writer.sync()
+        return value
     }
 
     /// Creates a ledger file with the schema as it was after `migration` (for tests of what a
@@ -743,6 +754,8 @@ final class BatchWriter: Sendable {
         let execute: @Sendable (Database) throws -> Void
         /// Committed in a transaction without other queued writes (urgent ones may join it).
         let alone: Bool
+        /// Answered only after a sync of the WAL, even if its transaction wrote nothing.
+        var mustSync = false
         /// Called on the writer's or the syncer's thread: when the transaction was synced, or why
         /// it failed.
         let complete: @Sendable (Result<Commit, any Error>) -> Void
@@ -777,6 +790,7 @@ final class BatchWriter: Sendable {
     init(database: DatabaseQueue, syncer: WALSyncer) {
         self.database = database
         self.syncer = syncer
+        syncer.start()
         let thread = Thread { [self] in
             nameThisThread("warden-ledger")
             self.loop()
@@ -796,13 +810,19 @@ final class BatchWriter: Sendable {
         try await submitTimed(urgent: urgent, alone: alone, body).0
     }
 
+    /// Returns once a sync of the WAL begun after this call returned: what any connection could
+    /// read before the call is then on the disk.
+    func sync() async throws(LedgerError) {
+        _ = try await submitTimed(mustSync: true) { _ in }
+    }
+
     /// `submit`, also telling which transaction held the write, and when it was synced.
-    func submitTimed<T: Sendable>(urgent: Bool = false, alone: Bool = false, _ body: @escaping @Sendable (Database) throws -> T)
-        async throws(LedgerError) -> (T, Commit)
+    func submitTimed<T: Sendable>(urgent: Bool = false, alone: Bool = false, mustSync: Bool = false,
+                                  _ body: @escaping @Sendable (Database) throws -> T) async throws(LedgerError) -> (T, Commit)
     {
         let result: Result<(T, Commit), LedgerError> = await withCheckedContinuation { continuation in
             let box = ResultBox<T>()
-            let job = Job(execute: { db in box.set(try body(db)) }, alone: alone && !urgent, complete: { result in
+            var job = Job(execute: { db in box.set(try body(db)) }, alone: alone && !urgent, complete: { result in
                 switch result {
                 case .failure(let error):
                     continuation.resume(returning: .failure(error as? LedgerError ?? LedgerError(SQLiteLedger.kind(of: error), "ledger write failed: \(error)")))
@@ -810,6 +830,7 @@ final class BatchWriter: Sendable {
                     continuation.resume(returning: .success((box.take(), commit)))
                 }
             })
+            job.mustSync = mustSync
             let accepted = queue.withLock { q -> Bool in
                 guard !q.closed else { return false }
                 if urgent { q.urgent.append(job) } else { q.jobs.append(job) }
@@ -868,8 +889,11 @@ final class BatchWriter: Sendable {
     /// commit, not after a transaction (and a sync) of its own.
     private func run(_ jobs: [Job], joiningUrgent: Bool = false, commits: inout Int) {
         var batch = jobs
+        var wrote = false
         do {
             try database.inTransaction(.immediate) { db in
+                let changesBefore = db.totalChangesCount
+                defer { wrote = db.totalChangesCount != changesBefore }
                 for job in batch { try job.execute(db) }
                 if joiningUrgent {
                     let late = queue.withLock { q -> [Job] in
@@ -882,7 +906,7 @@ final class BatchWriter: Sendable {
                 return .commit
             }
             commits += 1
-            syncer.committed(batch, number: commits)
+            syncer.committed(batch, number: commits, wrote: wrote)
         } catch {
             guard batch.count > 1 else {
                 batch[0].complete(.failure(error))
@@ -890,12 +914,15 @@ final class BatchWriter: Sendable {
             }
             for job in batch {
                 do {
+                    var wrote = false
                     try database.inTransaction(.immediate) { db in
+                        let changesBefore = db.totalChangesCount
+                        defer { wrote = db.totalChangesCount != changesBefore }
                         try job.execute(db)
                         return .commit
                     }
                     commits += 1
-                    syncer.committed([job], number: commits)
+                    syncer.committed([job], number: commits, wrote: wrote)
                 } catch {
                     job.complete(.failure(error))
                 }
@@ -960,7 +987,8 @@ extension DispatchSemaphore {
 /// Carries a job's result from the transaction to its caller.
 ///
 /// `@unchecked Sendable`: written once by the writer thread inside the transaction and read once
-/// by the same thread when it completes the job, strictly after.
+/// when the job is completed, strictly after: by the writer thread (a failure), or by the WAL
+/// syncer's thread, which takes the job from the writer through a lock.
 final class ResultBox<T>: @unchecked Sendable {
     private var value: T?
     func set(_ v: T) { value = v }
@@ -973,26 +1001,52 @@ final class ResultBox<T>: @unchecked Sendable {
 /// transaction's callers here. Each turn takes every transaction committed so far, syncs the WAL
 /// (`fdatasync`), and answers them: a sync covers every byte written before it began, and a
 /// crash keeps the WAL up to its last whole commit, so each of them is durable. Meanwhile the
-/// writer runs the next transaction instead of waiting for the disk.
+/// writer runs the next transaction instead of waiting for the disk. A turn whose transactions
+/// wrote nothing (reads) answers them without a sync: every earlier turn left its own durable.
+///
+/// The WAL is opened once, when the ledger is, and checked on every turn to be still the file at
+/// its path: one removed or put in its place would be synced in vain while SQLite writes the old.
 ///
 /// A sync that fails leaves unknown what reached the disk (the kernel may have dropped the
 /// pages it could not write), and trying again proves nothing: the process stops, without
 /// answering, and a restart takes up again from what the ledger and the intake's sources hold.
 final class WALSyncer: Sendable {
+    private struct Committed {
+        var jobs: [BatchWriter.Job]
+        var number: Int
+        var needsSync: Bool
+    }
+
     private struct State {
-        var committed: [(jobs: [BatchWriter.Job], number: Int)] = []
+        var committed: [Committed] = []
         var closed = false
+        var started = false
     }
 
     let walPath: String
+    private let fd: Int32
     private let sync: @Sendable (Int32) -> Int32
     private let state = Mutex(State())
     private let wakeUp = DispatchSemaphore(value: 0)
     private let exited = DispatchSemaphore(value: 0)
 
-    init(walPath: String, sync: @escaping @Sendable (Int32) -> Int32) {
+    init(walPath: String, sync: @escaping @Sendable (Int32) -> Int32) throws(LedgerError) {
         self.walPath = walPath
         self.sync = sync
+        fd = open(walPath, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else {
+            let code = errno
+            throw LedgerError(.unavailable, "cannot open the SQLite ledger's WAL \(walPath) to sync it: \(String(cString: strerror(code)))")
+        }
+    }
+
+    deinit {
+        if !state.withLock({ $0.started }) { Glibc.close(fd) }
+    }
+
+    /// Starts the thread (once the writer that feeds it exists).
+    func start() {
+        state.withLock { $0.started = true }
         let thread = Thread { [self] in
             nameThisThread("warden-walsync")
             self.loop()
@@ -1001,9 +1055,11 @@ final class WALSyncer: Sendable {
         thread.start()
     }
 
-    /// Answers `jobs`, whose transaction `number` committed, once the WAL is synced.
-    func committed(_ jobs: [BatchWriter.Job], number: Int) {
-        state.withLock { $0.committed.append((jobs, number)) }
+    /// Answers `jobs`, whose transaction `number` committed (and `wrote` something), once the
+    /// WAL is synced.
+    func committed(_ jobs: [BatchWriter.Job], number: Int, wrote: Bool) {
+        let entry = Committed(jobs: jobs, number: number, needsSync: wrote || jobs.contains(where: \.mustSync))
+        state.withLock { $0.committed.append(entry) }
         wakeUp.signal()
     }
 
@@ -1015,9 +1071,8 @@ final class WALSyncer: Sendable {
     }
 
     private func loop() {
-        var wal: (fd: Int32, inode: UInt64)? = nil
         while true {
-            let (committed, closed) = state.withLock { s -> ([(jobs: [BatchWriter.Job], number: Int)], Bool) in
+            let (committed, closed) = state.withLock { s -> ([Committed], Bool) in
                 defer { s.committed = [] }
                 return (s.committed, s.closed)
             }
@@ -1028,32 +1083,36 @@ final class WALSyncer: Sendable {
                 wakeUp.wait()
                 continue
             }
-            // The WAL as it is now: SQLite keeps its file while any connection is open, but a
-            // file put in its place would otherwise be trusted through the old descriptor.
-            var status = stat()
-            guard stat(walPath, &status) == 0 else { fail("cannot find the ledger's WAL \(walPath)", errno) }
-            if let open = wal, open.inode != UInt64(status.st_ino) {
-                Glibc.close(open.fd)
-                wal = nil
+            if committed.contains(where: \.needsSync) {
+                checkStillTheWAL()
+                let synced = sync(fd), code = errno
+                guard synced == 0 else { fail("cannot sync the SQLite ledger's WAL \(walPath)", code) }
             }
-            if wal == nil {
-                let fd = open(walPath, O_RDONLY | O_CLOEXEC)
-                guard fd >= 0 else { fail("cannot open the ledger's WAL \(walPath) to sync it", errno) }
-                wal = (fd, UInt64(status.st_ino))
-            }
-            guard sync(wal!.fd) == 0 else { fail("cannot sync the ledger's WAL \(walPath)", errno) }
             let syncedAt = ContinuousClock.now
-            for (jobs, number) in committed {
-                for job in jobs { job.complete(.success(BatchWriter.Commit(number: number, syncedAt: syncedAt))) }
+            for entry in committed {
+                for job in entry.jobs { job.complete(.success(BatchWriter.Commit(number: entry.number, syncedAt: syncedAt))) }
             }
         }
-        if let wal { Glibc.close(wal.fd) }
+        Glibc.close(fd)
         exited.signal()
     }
 
+    /// Stops the process unless the descriptor is still the file at the WAL's path.
+    private func checkStillTheWAL() {
+        var open = stat(), named = stat()
+        let opened = fstat(fd, &open), openCode = errno
+        guard opened == 0 else { fail("cannot read the state of the SQLite ledger's WAL \(walPath)", openCode) }
+        guard open.st_nlink > 0 else { fail("the SQLite ledger's WAL \(walPath) was removed while in use", 0) }
+        let found = stat(walPath, &named), foundCode = errno
+        guard found == 0 else { fail("the SQLite ledger's WAL \(walPath) is gone", foundCode) }
+        guard named.st_dev == open.st_dev, named.st_ino == open.st_ino else {
+            fail("another file took the place of the SQLite ledger's WAL \(walPath) while in use", 0)
+        }
+    }
+
     private func fail(_ what: String, _ code: Int32) -> Never {
-        let message = "warden: \(what): \(String(cString: strerror(code))); stopping without answering the writes not yet synced\n"
-        FileHandle.standardError.write(Data(message.utf8))
+        let reason = code == 0 ? "" : ": " + String(cString: strerror(code))
+        FileHandle.standardError.write(Data("warden: \(what)\(reason); stopping without answering the writes not yet synced\n".utf8))
         fatalError(what)
     }
 }

@@ -49,10 +49,64 @@ struct SQLiteLedgerTests {
         await ledger.close()
     }
 
+    /// A transaction committed while a sync is under way is answered only after a later one:
+    /// the sync under way may have begun before its commit.
+    @Test func aCommitDuringASyncWaitsForTheNextSync() async throws {
+        let path = Self.temporaryPath()
+        let gate = SyncGate()
+        let ledger = try SQLiteLedger(path: path, syncWAL: { gate.sync($0) })
+        _ = try await ledger.synchronousLevel()
+        let syncedBefore = gate.syncs
+        gate.hold()
+        let answeredA = Mutex(false), answeredB = Mutex(false)
+        let a = Task {
+            _ = try await ledger.claim(Self.event(jti: "a"), outcome: .processed, steps: [])
+            answeredA.withLock { $0 = true }
+        }
+        for _ in 0..<500 where gate.waiting == 0 { try await Task.sleep(for: .milliseconds(10)) }
+        #expect(gate.waiting == 1)
+        // B commits while the sync taken for A is held.
+        let b = Task {
+            _ = try await ledger.claim(Self.event(jti: "b"), outcome: .processed, steps: [])
+            answeredB.withLock { $0 = true }
+        }
+        for _ in 0..<500 where try SQLiteLedgerReader(path: path).eventCount() < 2 { try await Task.sleep(for: .milliseconds(10)) }
+        #expect(try SQLiteLedgerReader(path: path).eventCount() == 2)
+        gate.releaseOne()
+        try await a.value
+        // The next sync, for B, is held again.
+        for _ in 0..<500 where gate.waiting == 0 { try await Task.sleep(for: .milliseconds(10)) }
+        #expect(gate.waiting == 1)
+        try await Task.sleep(for: .milliseconds(100))
+        #expect(answeredA.withLock { $0 })
+        #expect(!answeredB.withLock { $0 }, "B was answered by a sync that may have begun before its commit")
+        gate.release()
+        try await b.value
+        #expect(answeredB.withLock { $0 })
+        #expect(gate.syncs == syncedBefore + 2)
+        await ledger.close()
+    }
+
+    /// Reads answer without a sync when nothing is left unsynced (a disk that stalls then holds
+    /// no health probe), and a read whose result leaves the process (an audit) waits for one.
+    @Test func readsSyncOnlyWhenTheirResultLeavesTheProcess() async throws {
+        let gate = SyncGate()
+        let ledger = try SQLiteLedger(path: Self.temporaryPath(), syncWAL: { gate.sync($0) })
+        _ = try await ledger.claim(Self.event(jti: "r"), outcome: .processed, steps: [])
+        let syncs = gate.syncs
+        #expect(await ledger.isReachable())
+        _ = try await ledger.synchronousLevel()
+        #expect(gate.syncs == syncs, "a read was synced")
+        _ = try await ledger.auditHead()
+        #expect(gate.syncs == syncs + 1, "an audit read did not wait for a sync")
+        await ledger.close()
+    }
+
     /// A WAL sync that a test holds back, counting the syncs and naming the files synced.
     final class SyncGate: Sendable {
         private struct State {
             var held = false
+            var permits = 0
             var waiting = 0
             var syncs = 0
             var paths: [String] = []
@@ -61,6 +115,8 @@ struct SQLiteLedgerTests {
 
         func hold() { state.withLock { $0.held = true } }
         func release() { state.withLock { $0.held = false } }
+        /// Lets one held sync through; the next is held again.
+        func releaseOne() { state.withLock { $0.permits += 1 } }
         var waiting: Int { state.withLock { $0.waiting } }
         var syncs: Int { state.withLock { $0.syncs } }
         var syncedPaths: [String] { state.withLock { $0.paths } }
@@ -68,7 +124,12 @@ struct SQLiteLedgerTests {
         func sync(_ fd: Int32) -> Int32 {
             let path = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/fd/\(fd)")) ?? "?"
             state.withLock { $0.waiting += 1 }
-            while state.withLock({ $0.held }) { usleep(1000) }
+            while !state.withLock({ s -> Bool in
+                guard s.held else { return true }
+                guard s.permits > 0 else { return false }
+                s.permits -= 1
+                return true
+            }) { usleep(1000) }
             state.withLock {
                 $0.waiting -= 1
                 $0.syncs += 1
