@@ -3,7 +3,10 @@ import Synchronization
 
 /// One circuit breaker per target. After `threshold` retryable failures in a row the target is
 /// left alone for `cooldown` seconds (doubling while it stays down, up to `maximumCooldown`);
-/// then one call is let through to try it. Events meanwhile wait — nothing is dropped. The
+/// then one call is let through to try it. Events meanwhile wait — nothing is dropped. The event
+/// whose trial failed gives the others the first turn at the next trial: an event the target keeps
+/// refusing while it would serve others could otherwise take every trial, doubling the cooldown
+/// each time while the others wait. The
 /// breaker also tells whether a target has succeeded since a moment, so an event the target
 /// keeps refusing while serving others can be told from a target that is down.
 public final class CircuitBreakers: Sendable {
@@ -29,6 +32,9 @@ public final class CircuitBreakers: Sendable {
         var openedAt: Double = 0
         var cooldown: Double
         var trialInFlight = false
+        /// The event making the trial call under way, and the one whose trial failed last.
+        var trialBy: Int64? = nil
+        var failedTrialBy: Int64? = nil
         var lastSuccess: Double = 0
 
         init(cooldown: Double, lastSuccess: Double = 0) {
@@ -50,15 +56,21 @@ public final class CircuitBreakers: Sendable {
         self.now = now
     }
 
-    /// Whether a call to `target` may be made now.
-    func allow(_ target: String) -> Bool {
+    /// How long after a cooldown the event whose trial failed last waits for another to make
+    /// the next trial (events waiting ask again at the cooldown's end, or within a second).
+    static let trialGrace: Double = 1
+
+    /// Whether a call to `target` may be made now, for `event` (the event the call is for).
+    func allow(_ target: String, for event: Int64? = nil) -> Bool {
         let t = now()
         return breakers.withLock { all in
             var b = all[target] ?? Breaker(cooldown: cooldown)
             defer { all[target] = b }
             guard let until = b.openUntil else { return true }
             if t < until || b.trialInFlight { return false }
+            if let event, event == b.failedTrialBy, t < until + Self.trialGrace { return false }
             b.trialInFlight = true  // half-open: one trial call
+            b.trialBy = event
             return true
         }
     }
@@ -79,6 +91,8 @@ public final class CircuitBreakers: Sendable {
             if b.openUntil != nil {
                 if let calledAt, calledAt < b.openedAt { return }
                 b.trialInFlight = false
+                b.failedTrialBy = b.trialBy
+                b.trialBy = nil
                 b.cooldown = min(maximumCooldown, b.cooldown * 2)
                 b.openUntil = t + b.cooldown
                 b.openedAt = t

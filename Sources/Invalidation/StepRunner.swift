@@ -355,7 +355,7 @@ public struct StepRunner: Sendable {
                     continue
                 }
                 let target = Self.target(of: planned, step)
-                guard breakers.allow(target) else {
+                guard breakers.allow(target, for: event.eventID) else {
                     event.permit.endAction()
                     alone(i, event)
                     continue
@@ -594,7 +594,7 @@ public struct StepRunner: Sendable {
             }
             // The breaker last, right before the call: a half-open breaker's one trial is
             // always made (and its result recorded), never taken and then left unused.
-            guard breakers.allow(target) else {
+            guard breakers.allow(target, for: event.eventID) else {
                 event.permit.endAction()
                 // The target is resting after repeated failures: wait without calling it, and
                 // look again soon, so events flow as soon as the trial call succeeds.

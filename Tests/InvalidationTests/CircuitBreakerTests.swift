@@ -40,6 +40,41 @@ struct CircuitBreakerTests {
         #expect(breakers.allow("redis") && breakers.allow("redis"))
     }
 
+    // An event the target keeps refusing (a 503 for that user alone) must not take every trial:
+    // each failed trial doubles the cooldown while the events the target would serve wait.
+    // After a cooldown, the event whose trial failed gives the others the first turn; alone, it
+    // may try again a moment later.
+    @Test func theEventWhoseTrialFailedGivesTheOthersTheNextTrial() {
+        let clock = Clock()
+        let breakers = CircuitBreakers(settings: .init(threshold: 2, cooldown: .seconds(5), maximumCooldown: .seconds(300)), now: { clock.now })
+        let refused: Int64 = 7, served: Int64 = 8
+        for _ in 0..<2 {
+            #expect(breakers.allow("revoke", for: refused))
+            breakers.record("revoke", reachable: false, calledAt: clock.now)
+        }
+        #expect(breakers.isOpen("revoke"))
+        clock.advance(5)
+        #expect(breakers.allow("revoke", for: refused))  // the first trial: nobody's failed yet
+        breakers.record("revoke", reachable: false, calledAt: clock.now)
+        clock.advance(10)  // the doubled cooldown
+        #expect(!breakers.allow("revoke", for: refused), "the event whose trial failed took the next one first")
+        #expect(breakers.allow("revoke", for: served))
+        breakers.record("revoke", reachable: true, calledAt: clock.now)
+        #expect(!breakers.isOpen("revoke"))
+        #expect(breakers.allow("revoke", for: refused))
+
+        // Alone, it waits the grace out and then tries again.
+        breakers.record("revoke", reachable: false, calledAt: clock.now)
+        breakers.record("revoke", reachable: false, calledAt: clock.now)
+        clock.advance(5)
+        #expect(breakers.allow("revoke", for: refused))
+        breakers.record("revoke", reachable: false, calledAt: clock.now)
+        clock.advance(10)
+        #expect(!breakers.allow("revoke", for: refused))
+        clock.advance(CircuitBreakers.trialGrace)
+        #expect(breakers.allow("revoke", for: refused))
+    }
+
     // 76 calls in flight when the target starts refusing: their failures open the breaker
     // once; they do not push its cooldown towards the cap.
     @Test func failuresOfCallsInFlightWhenItOpenedDoNotLengthenTheCooldown() {
