@@ -46,6 +46,17 @@ struct PushReceiverTests {
         func cleanUp() { try? FileManager.default.removeItem(at: directory) }
     }
 
+    /// Runs `script` in python3 (an independent client) with `s`, a socket connected to the
+    /// receiver's `port`, and `argument` as `sys.argv[2]`; returns what it prints.
+    static func rawClient(_ port: Int, _ script: String, _ argument: String? = nil) async throws -> String {
+        let prelude = """
+            import socket, sys, time
+            s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+
+            """
+        return try await runProgram("/usr/bin/python3", ["-c", prelude + script, "\(port)"] + (argument.map { [$0] } ?? []))
+    }
+
     struct Answer {
         let status: Int
         let headers: [AnyHashable: Any]
@@ -223,8 +234,6 @@ struct PushReceiverTests {
         let worker = try WorkerProcess(config: setup.config)
         let port = try await worker.announcedPort("receiver")
         let client = """
-            import socket, sys
-            s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
             s.sendall(b"POST /events HTTP/1.1\\r\\nHost: x")
             s.settimeout(20)
             try:
@@ -232,7 +241,7 @@ struct PushReceiverTests {
             except socket.timeout:
                 print("still open")
             """
-        #expect(try await runProgram("/usr/bin/python3", ["-c", client, "\(port)"]) == "closed")
+        #expect(try await Self.rawClient(port, client) == "closed")
         // A request that is sent whole is still answered.
         #expect(try await Self.send(port, try WorkerTests.token(subject: "u-idle"), bearer: Self.bearer).status == 202)
         #expect(await worker.terminate() == 0)
@@ -247,8 +256,6 @@ struct PushReceiverTests {
         let worker = try WorkerProcess(config: setup.config)
         let port = try await worker.announcedPort("receiver")
         let client = """
-            import socket, sys, time
-            s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
             s.sendall(sys.argv[2].encode().replace(b"|", b"\\r\\n"))
             s.settimeout(0.5)
             answer, started, verdict = b"", time.time(), "still open"
@@ -271,7 +278,7 @@ struct PushReceiverTests {
             ("PUT /events HTTP/1.1|Host: x|Content-Length: 100000||", 405),
         ]
         for (head, status) in heads {
-            #expect(try await runProgram("/usr/bin/python3", ["-c", client, "\(port)", head]) == "\(status) closed")
+            #expect(try await Self.rawClient(port, client, head) == "\(status) closed")
         }
         // A request sent whole is still answered, on a connection kept open.
         #expect(try await Self.send(port, try WorkerTests.token(subject: "u-refused"), bearer: Self.bearer).status == 202)
