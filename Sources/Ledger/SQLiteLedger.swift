@@ -889,45 +889,41 @@ final class BatchWriter: Sendable {
     /// commit, not after a transaction (and a sync) of its own.
     private func run(_ jobs: [Job], joiningUrgent: Bool = false, commits: inout Int) {
         var batch = jobs
-        var wrote = false
         do {
-            try database.inTransaction(.immediate) { db in
-                let changesBefore = db.totalChangesCount
-                defer { wrote = db.totalChangesCount != changesBefore }
-                for job in batch { try job.execute(db) }
-                if joiningUrgent {
-                    let late = queue.withLock { q -> [Job] in
-                        defer { q.urgent = [] }
-                        return q.urgent
-                    }
-                    batch += late
-                    for job in late { try job.execute(db) }
-                }
-                return .commit
-            }
-            commits += 1
-            syncer.committed(batch, number: commits, wrote: wrote)
+            try commit(&batch, joiningUrgent: joiningUrgent, commits: &commits)
         } catch {
             guard batch.count > 1 else {
                 batch[0].complete(.failure(error))
                 return
             }
             for job in batch {
-                do {
-                    var wrote = false
-                    try database.inTransaction(.immediate) { db in
-                        let changesBefore = db.totalChangesCount
-                        defer { wrote = db.totalChangesCount != changesBefore }
-                        try job.execute(db)
-                        return .commit
-                    }
-                    commits += 1
-                    syncer.committed([job], number: commits, wrote: wrote)
-                } catch {
-                    job.complete(.failure(error))
-                }
+                var alone = [job]
+                do { try commit(&alone, joiningUrgent: false, commits: &commits) } catch { job.complete(.failure(error)) }
             }
         }
+    }
+
+    /// Runs `jobs` in one transaction (the urgent writes queued meanwhile join them, with
+    /// `joiningUrgent`) and, once it committed, hands them to the syncer, telling it whether the
+    /// transaction wrote anything.
+    private func commit(_ jobs: inout [Job], joiningUrgent: Bool, commits: inout Int) throws {
+        var wrote = false
+        try database.inTransaction(.immediate) { db in
+            let changesBefore = db.totalChangesCount
+            defer { wrote = db.totalChangesCount != changesBefore }
+            for job in jobs { try job.execute(db) }
+            if joiningUrgent {
+                let late = queue.withLock { q -> [Job] in
+                    defer { q.urgent = [] }
+                    return q.urgent
+                }
+                jobs += late
+                for job in late { try job.execute(db) }
+            }
+            return .commit
+        }
+        commits += 1
+        syncer.committed(jobs, number: commits, wrote: wrote)
     }
 }
 
