@@ -120,12 +120,29 @@ public struct ArchivedKey: Sendable, Equatable {
     }
 }
 
+/// An event's identity in the ledger: its issuer and `jti`.
+///
+/// Two keys are the same when their texts have the same code points, as the ledger compares
+/// them: Swift's own `==` would take canonically equivalent texts (`K` and the Kelvin sign
+/// U+212A) for one event, which the ledger holds as two.
 public struct EventKey: Sendable, Hashable {
     public var issuer: String
     public var jti: String
     public init(issuer: String, jti: String) {
         self.issuer = issuer
         self.jti = jti
+    }
+
+    public static func == (a: EventKey, b: EventKey) -> Bool {
+        a.issuer.utf8.elementsEqual(b.issuer.utf8) && a.jti.utf8.elementsEqual(b.jti.utf8)
+    }
+
+    public func hash(into hasher: inout Hasher) {
+        var issuer = issuer
+        var jti = jti
+        issuer.withUTF8 { hasher.combine(bytes: UnsafeRawBufferPointer($0)) }
+        hasher.combine(0xFF as UInt8)  // never in UTF-8: where the issuer ends
+        jti.withUTF8 { hasher.combine(bytes: UnsafeRawBufferPointer($0)) }
     }
 }
 

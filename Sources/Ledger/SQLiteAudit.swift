@@ -193,34 +193,28 @@ extension SQLiteLedger {
     public func eventStates(_ keys: [EventKey]) async throws(LedgerError) -> [EventKey: EventState] {
         try await durableRead { db in
             var states: [EventKey: EventState] = [:]
-            // A few hundred pairs per statement: one index probe each, one statement per chunk.
-            for start in stride(from: 0, to: keys.count, by: 400) {
-                let chunk = keys[start..<min(start + 400, keys.count)]
-                var arguments: [any DatabaseValueConvertible] = []
-                arguments.reserveCapacity(chunk.count * 2)
-                for key in chunk { arguments += [key.issuer, key.jti] }
-                let rows = try Row.fetchAll(db, sql: """
-                    SELECT e.id, e.issuer, e.jti, \(tokenDigestColumns), e.outcome, e.source, e.received_at
-                    FROM events e LEFT JOIN event_tokens t ON t.event_id = e.id
-                    WHERE (e.issuer, e.jti) IN (VALUES \(Array(repeating: "(?, ?)", count: chunk.count).joined(separator: ", ")))
-                    """, arguments: StatementArguments(arguments))
-                guard !rows.isEmpty else { continue }
-                let ids: [Int64] = rows.map { $0[0] }
-                var steps: [Int64: [OutboxStep]] = [:]
-                for row in try Row.fetchAll(db, sql: """
-                    SELECT event_id, idx, kind, action, status, detail FROM steps
-                    WHERE event_id IN (\(databaseQuestionMarks(count: ids.count))) ORDER BY event_id, idx
-                    """, arguments: StatementArguments(ids)) {
-                    steps[row[0], default: []].append(OutboxStep(index: row[1], kind: row[2], action: row[3],
-                                                                 status: StepStatus(rawValue: row[4]) ?? .pending, detail: row[5]))
-                }
-                for row in rows {
-                    let id: Int64 = row[0]
-                    let token: String? = row[4]
-                    states[EventKey(issuer: row[1], jti: row[2])] = EventState(
-                        id: id, tokenSHA256: tokenDigest(stored: row[3], token: Array((token ?? "").utf8)),
-                        outcome: EventOutcome(rawValue: row[5]) ?? .claimed, source: row[6], receivedAt: row[7], steps: steps[id] ?? [])
-                }
+            var binder = SQLiteBinder()
+            // One index probe per pair, by statements prepared once per connection: a statement
+            // naming hundreds of pairs cost more to prepare than all its probes.
+            let event = try db.cachedStatement(sql: """
+                SELECT e.id, \(tokenDigestColumns), e.outcome, e.source, e.received_at
+                FROM events e LEFT JOIN event_tokens t ON t.event_id = e.id WHERE e.issuer = ? AND e.jti = ?
+                """)
+            let steps = try db.cachedStatement(sql: "SELECT idx, kind, action, status, detail FROM steps WHERE event_id = ? ORDER BY idx")
+            for key in keys where states[key] == nil {
+                var state: EventState?
+                try binder.query(event, in: db, { $0.text(key.issuer); $0.text(key.jti) }, row: { row in
+                    state = EventState(id: sqlite3_column_int64(row, 0), tokenSHA256: tokenDigest(stored: columnText(row, 1), token: columnBytes(row, 2)),
+                                       outcome: EventOutcome(rawValue: columnText(row, 3) ?? "") ?? .claimed, source: columnText(row, 4) ?? "",
+                                       receivedAt: sqlite3_column_double(row, 5), steps: [])
+                })
+                guard var found = state else { continue }
+                try binder.query(steps, in: db, { $0.integer(found.id) }, row: { row in
+                    found.steps.append(OutboxStep(index: Int(sqlite3_column_int64(row, 0)), kind: columnText(row, 1) ?? "",
+                                                  action: columnText(row, 2) ?? "",
+                                                  status: StepStatus(rawValue: columnText(row, 3) ?? "") ?? .pending, detail: columnText(row, 4)))
+                })
+                states[key] = found
             }
             return states
         }
@@ -233,11 +227,10 @@ extension SQLiteLedger {
     public func rejectedDigests(_ digests: [String]) async throws(LedgerError) -> Set<String> {
         try await durableRead { db in
             var found = Set<String>()
-            for start in stride(from: 0, to: digests.count, by: 800) {
-                let chunk = Array(digests[start..<min(start + 800, digests.count)])
-                found.formUnion(try String.fetchAll(db, sql: """
-                    SELECT DISTINCT token_sha256 FROM deliveries WHERE token_sha256 IN (\(databaseQuestionMarks(count: chunk.count)))
-                    """, arguments: StatementArguments(chunk)))
+            var binder = SQLiteBinder()
+            let delivery = try db.cachedStatement(sql: "SELECT 1 FROM deliveries WHERE token_sha256 = ? LIMIT 1")
+            for digest in digests where !found.contains(digest) {
+                try binder.query(delivery, in: db, { $0.text(digest) }, row: { _ in found.insert(digest) })
             }
             return found
         }

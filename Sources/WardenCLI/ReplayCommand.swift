@@ -163,7 +163,8 @@ extension WardenCommand {
                 standardError("warden: cannot read what the ledger's retention dropped: \(error)\n")
                 return 3
             }
-            let replayer = Replayer(verifier: verifier, ledger: ledger, planner: Planner(policy: configuration.invalidation.policy), door: door,
+            let planner = Planner(policy: configuration.invalidation.policy)
+            let replayer = Replayer(ledger: ledger, door: door,
                                     retentionCutoff: cutoff)
             var progress = ReplayProgress()
             var reportBuffer = ""
@@ -194,11 +195,11 @@ extension WardenCommand {
                 // Batches are read and verified ahead while the oldest is compared with the
                 // ledger: two of them, so the verification threads are never left without work
                 // while this task compares (a batch's last tokens run on one core alone).
-                var ahead: [(batch: [ReplayEntry], verifying: Task<[Result<VerifiedSET, VerificationError>?], Never>)] = []
+                var ahead: [(batch: [ReplayEntry], verifying: Task<[Replayer.Verdict?], Never>)] = []
                 func readAhead() {
                     let batch = read()
                     guard !batch.isEmpty else { return }
-                    ahead.append((batch, Task { await Replayer.verify(batch, with: verifier) }))
+                    ahead.append((batch, Task { await Replayer.verify(batch, with: verifier, planner: planner) }))
                 }
                 // What is verified ahead is not needed once the replay stops early.
                 defer { for (_, verifying) in ahead { verifying.cancel() } }

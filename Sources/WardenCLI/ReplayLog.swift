@@ -160,7 +160,10 @@ struct FileReplaySource: ReplaySource {
                 chunkStart = 0
                 chunkEnd = Int(read)
             }
-            let newline = chunk[chunkStart..<chunkEnd].firstIndex(of: UInt8(ascii: "\n"))
+            let newline = chunk.withUnsafeBufferPointer { buffer -> Int? in
+                let base = UnsafeRawPointer(buffer.baseAddress!)
+                return memchr(base + chunkStart, Int32(UInt8(ascii: "\n")), chunkEnd - chunkStart).map { UnsafeRawPointer($0) - base }
+            }
             let end = newline ?? chunkEnd
             if !lineTooLong {
                 if line.count + (end - chunkStart) > Self.maximumLineBytes {

@@ -80,9 +80,7 @@ final class Replayer {
         var description: String { "\(position): \(reason)" }
     }
 
-    let verifier: SETVerifier
     let ledger: any AuditingLedger
-    let planner: Planner
     let door: ReplayDoor?
     var statistics = ReplayStatistics()
     /// (issuer, jti) pairs met so far: a later copy is a duplicate.
@@ -100,10 +98,8 @@ final class Replayer {
     /// beyond it.
     static let retentionMargin: Double = 600
 
-    init(verifier: SETVerifier, ledger: any AuditingLedger, planner: Planner, door: ReplayDoor?, retentionCutoff: Double? = nil) {
-        self.verifier = verifier
+    init(ledger: any AuditingLedger, door: ReplayDoor?, retentionCutoff: Double? = nil) {
         self.ledger = ledger
-        self.planner = planner
         self.door = door
         self.retentionCutoff = retentionCutoff
     }
@@ -116,11 +112,39 @@ final class Replayer {
         return [recorded, configured].compactMap { $0 }.max()
     }
 
-    /// Verifies a batch on every core, on the verification threads the worker uses.
-    static func verify(_ entries: [ReplayEntry], with verifier: SETVerifier) async -> [Result<VerifiedSET, VerificationError>?] {
+    /// What the comparison needs of a valid token: taken on the verification thread that
+    /// verified it, where the parsed token is then freed, so that the comparison copies and
+    /// frees little on the one task that compares.
+    struct Valid: Sendable {
+        var issuer: String
+        var jti: String
+        /// Its events' short names.
+        var types: [String]
+        /// The step kinds today's policy plans for it.
+        var planned: [String]
+        var issuedAt: Double
+    }
+
+    enum Verdict: Sendable {
+        case valid(Valid)
+        case invalid(VerificationError)
+    }
+
+    /// Verifies a batch on every core, on the verification threads the worker uses, and plans
+    /// each valid token with today's policy. Nil for an entry that holds no token.
+    static func verify(_ entries: [ReplayEntry], with verifier: SETVerifier, planner: Planner) async -> [Verdict?] {
         await onVerificationThreads(entries.count, workers: ProcessInfo.processInfo.activeProcessorCount) { i in
             guard entries[i].malformed == nil else { return nil }
-            return await verifier.verify(entries[i].token, claimsTime: claimsTime(entries[i]))
+            switch await verifier.verify(entries[i].token, claimsTime: claimsTime(entries[i])) {
+            case .success(let verified):
+                let token = verified.token
+                // The kinds only: no subject lookup is made (a dry run touches no target).
+                return .valid(Valid(issuer: token.issuer, jti: token.jti, types: token.events.map { $0.type.name },
+                                    planned: planner.plan(token, subject: .user("-")).steps.map { $0.action.kind },
+                                    issuedAt: token.issuedAt))
+            case .failure(let error):
+                return .invalid(error)
+            }
         }
     }
 
@@ -131,14 +155,14 @@ final class Replayer {
     }
 
     /// Classifies one verified batch against the ledger; with a door, does what is missing.
-    func classify(_ entries: [ReplayEntry], _ results: [Result<VerifiedSET, VerificationError>?]) async throws -> [ReplayFinding] {
+    func classify(_ entries: [ReplayEntry], _ results: [Verdict?]) async throws -> [ReplayFinding] {
         var findings: [ReplayFinding] = []
         findings.reserveCapacity(entries.count)
         var lookups: [EventKey] = []
         // Which valid entries are the first copy of their event, in one pass over the batch.
         let validKeys = results.compactMap { result -> Int? in
-            guard case .success(let verified)? = result else { return nil }
-            return SeenPairs.hash(EventKey(issuer: verified.token.issuer, jti: verified.token.jti))
+            guard case .valid(let valid)? = result else { return nil }
+            return SeenPairs.hash(EventKey(issuer: valid.issuer, jti: valid.jti))
         }
         var firsts = try seen.insert(validKeys).makeIterator()
         // An invalid entry that is the very token the ledger took as valid (reported
@@ -152,9 +176,9 @@ final class Replayer {
                 findings.append(ReplayFinding(position: entry.position, jti: nil, issuer: nil, valid: false,
                                               error: ("invalid_request", entry.malformed ?? "not a token"), types: [], status: .invalid,
                                               planned: [], time: entry.receivedAt))
-            case .failure(let error) where error.isRetryable:
+            case .invalid(let error) where error.isRetryable:
                 throw KeysUnavailable(position: entry.position, reason: error.description)
-            case .failure(let error):
+            case .invalid(let error):
                 // Not even shaped as a compact token: as good as no token.
                 if error.kind == .malformed || error.kind == .tooLarge {
                     statistics.noteUntokened(at: entry.position)
@@ -165,16 +189,12 @@ final class Replayer {
                                               error: (error.reportedCode, error.description), types: [], status: .invalid,
                                               planned: [], time: entry.receivedAt ?? claimed.issuedAt))
                 if let iss = claimed.issuer, let jti = claimed.jti { lookups.append(EventKey(issuer: iss, jti: jti)) }
-            case .success(let verified):
-                let token = verified.token
-                let key = EventKey(issuer: token.issuer, jti: token.jti)
+            case .valid(let valid):
                 let first = firsts.next() ?? true
-                // The kinds only: no subject lookup is made (a dry run touches no target).
-                let planned = planner.plan(token, subject: .user("-")).steps.map { $0.action.kind }
-                findings.append(ReplayFinding(position: entry.position, jti: token.jti, issuer: token.issuer, valid: true,
-                                              types: token.events.map { $0.type.name }, status: first ? .ok : .duplicate,
-                                              planned: planned, time: entry.receivedAt ?? token.issuedAt))
-                if first { lookups.append(key) }
+                findings.append(ReplayFinding(position: entry.position, jti: valid.jti, issuer: valid.issuer, valid: true,
+                                              types: valid.types, status: first ? .ok : .duplicate,
+                                              planned: valid.planned, time: entry.receivedAt ?? valid.issuedAt))
+                if first { lookups.append(EventKey(issuer: valid.issuer, jti: valid.jti)) }
             }
         }
         let states = lookups.isEmpty ? [:] : try await ledger.eventStates(lookups)

@@ -226,6 +226,25 @@ struct AuditTrailTests {
         await ledger.close()
     }
 
+    /// Replay's lookups tell apart jtis the ledger holds as two events though Swift's `==` takes
+    /// them for one (canonically equivalent: `K` and the Kelvin sign U+212A).
+    @Test(arguments: Backend.allCases) func lookupsCompareCodePoints(_ backend: Backend) async throws {
+        let storage = try await LedgerUnderTest(backend)
+        let ledger = try await open(storage)
+        let issuer = "https://issuer.example/"
+        let latin = EventKey(issuer: issuer, jti: "K-1"), kelvin = EventKey(issuer: issuer, jti: "\u{212A}-1")
+        #expect("K-1" == "\u{212A}-1", "Swift's own comparison, which the key must not use")
+        #expect(latin != kelvin)
+        let claims = try await ledger.record([.event(E.event(jti: latin.jti), outcome: .processed, steps: []),
+                                              .event(E.event(jti: kelvin.jti), outcome: .processed, steps: [])])
+        #expect(claims.compactMap { $0 }.count == 2, "two events, two claims")
+        let states = try await ledger.eventStates([latin, kelvin])
+        #expect(states.count == 2)
+        #expect(try #require(states[latin]).id != (try #require(states[kelvin])).id)
+        #expect(Set([latin, kelvin]).count == 2)
+        await ledger.close()
+    }
+
     /// Two replicas on one PostgreSQL ledger append to one chain, never forking it.
     @Test func replicasAppendToOneChain() async throws {
         let storage = try await LedgerUnderTest(.postgres)
