@@ -120,8 +120,11 @@ struct OffsetTracker: Sendable {
     /// not be handed out: its next owner fetches it, and no commit for a partition this member
     /// no longer owns is made.
     mutating func handedOut(_ tp: TopicPartition, offset: Int64) -> PartitionAssignment? {
-        guard let partition = partitions[tp] else { return nil }
-        if let next = partition.next, offset < next {
+        // No copy of the partition is held across the change below: its arrays would then be
+        // shared, and the append would copy them whole for every message.
+        guard partitions[tp] != nil else { return nil }
+        if let next = partitions[tp]!.next, offset < next {
+            let left = partitions[tp]!.superseded + [partitions[tp]!.assignment]
             // The partition went back under the same assignment: librdkafka reset its position
             // (`auto.offset.reset` after an offset out of range: the topic re-created, or
             // truncated). Offsets must increase for the commit point to be found, so what was
@@ -130,7 +133,7 @@ struct OffsetTracker: Sendable {
             // what follows is read again (duplicates the ledger knows) or new.
             revoked([tp])
             assigned([tp])
-            partitions[tp]!.superseded = partition.superseded + [partition.assignment]
+            partitions[tp]!.superseded = left
         }
         change(tp) { $0.handedOut(offset) }
         return partitions[tp]!.assignment
