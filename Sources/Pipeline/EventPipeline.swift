@@ -1,6 +1,8 @@
 import Foundation
+import Invalidation
 import Logging
 import Synchronization
+import TokenVerification
 
 /// The stages every door feeds: verification (on every core) → admission (subject, plan, dead
 /// letters) → the ledger writer (one atomic write for all that is ready) → the step runner (one
@@ -11,10 +13,18 @@ import Synchronization
 /// later records of its subject (which must not act before it), while everything else flows;
 /// it holds back only what its acknowledgement holds back (for Kafka, its partition's commit
 /// point). At most `maximumWaitingForKeys` records wait so; beyond that, admission waits too.
+/// None waits longer than `maximumKeyWait`: then it is refused (`keys_unavailable`), recorded
+/// and dead-lettered like an invalid token, and the commit point it held moves on.
 public struct EventPipeline: Sendable {
     public let processor: EventProcessor
     /// Records that may wait for keys aside at once (`warden_waiting_for_keys`).
     public let maximumWaitingForKeys: Int
+    /// How long a record may wait aside for its issuer's keys before it is given up on
+    /// (`kafka.max-key-wait`). An issuer whose keys never come back must not hold its partitions'
+    /// commit points, and what a restart fetches again, for ever; what is given up is in the
+    /// ledger and the dead-letter topic, and `warden replay --apply` acts on it once the keys
+    /// are back.
+    public let maximumKeyWait: Duration
     /// Verified records that may wait for the ledger at once; verification pauses beyond it.
     public let maximumUnwritten: Int
     /// Most records one ledger write holds.
@@ -28,10 +38,14 @@ public struct EventPipeline: Sendable {
     /// that wait, not the disk, bounded the intake.
     public let maximumWritesInFlight: Int
 
-    public init(processor: EventProcessor, maximumWaitingForKeys: Int = 10_000, maximumUnwritten: Int = 16_384,
-                maximumWrite: Int = 1024, maximumWriteWhileActing: Int = 96, maximumWritesInFlight: Int = 4) {
+    public static let defaultMaximumKeyWait: Duration = .seconds(86_400)
+
+    public init(processor: EventProcessor, maximumWaitingForKeys: Int = 10_000, maximumKeyWait: Duration = defaultMaximumKeyWait,
+                maximumUnwritten: Int = 16_384, maximumWrite: Int = 1024, maximumWriteWhileActing: Int = 96,
+                maximumWritesInFlight: Int = 4) {
         self.processor = processor
         self.maximumWaitingForKeys = maximumWaitingForKeys
+        self.maximumKeyWait = maximumKeyWait
         self.maximumUnwritten = maximumUnwritten
         self.maximumWrite = maximumWrite
         self.maximumWriteWhileActing = maximumWriteWhileActing
@@ -48,7 +62,7 @@ public struct EventPipeline: Sendable {
         let maximumWriteWhileActing = max(1, min(self.maximumWriteWhileActing, maximumWrite))
         let writeQueue = BatchQueue<EventProcessor.Admitted>(limit: maximumUnwritten)
         let checkedQueue = BatchQueue<EventProcessor.Checked>(limit: 1)
-        let waiting = WaitingRoom(limit: maximumWaitingForKeys)
+        let waiting = WaitingRoom(limit: maximumWaitingForKeys, maximumWait: maximumKeyWait)
         let lanes = SubjectLanes()
         await withTaskGroup(of: Void.self) { group in
             // Verification runs one batch ahead of admission, so the cores are not left to one
@@ -223,6 +237,8 @@ final class WaitingRoom: Sendable {
     private struct Entry {
         let id: Int
         var checked: EventProcessor.Checked
+        /// When it was put aside.
+        let since: ContinuousClock.Instant
     }
 
     private struct State {
@@ -239,8 +255,13 @@ final class WaitingRoom: Sendable {
 
     private let state = Mutex(State())
     let limit: Int
+    /// How long a record may wait for its keys before it is refused.
+    let maximumWait: Duration
 
-    init(limit: Int) { self.limit = max(1, limit) }
+    init(limit: Int, maximumWait: Duration = EventPipeline.defaultMaximumKeyWait) {
+        self.limit = max(1, limit)
+        self.maximumWait = maximumWait
+    }
 
     var count: Int { state.withLock { $0.count } }
 
@@ -254,7 +275,7 @@ final class WaitingRoom: Sendable {
         let (put, waiter) = state.withLock { s -> (Bool, CheckedContinuation<Void, Never>?) in
             guard s.count < limit else { return (false, nil) }
             if s.lanes[lane] == nil { s.order.append(lane) }
-            s.lanes[lane, default: []].append(Entry(id: s.nextID, checked: checked))
+            s.lanes[lane, default: []].append(Entry(id: s.nextID, checked: checked, since: .now))
             s.nextID += 1
             s.count += 1
             defer { s.emptyWaiter = nil }
@@ -348,8 +369,30 @@ final class WaitingRoom: Sendable {
         for waiter in waiters { waiter.resume() }
     }
 
+    /// A record that waited `maximumWait` for its keys, refused: admission then records it and
+    /// dead-letters it (`keys_unavailable`), and its lane's later records go on.
+    private func giveUp(_ checked: EventProcessor.Checked, processor: EventProcessor) -> EventProcessor.Checked {
+        let reason = if case .failure(let error) = checked.result { error.description } else { "" }
+        processor.metrics.failedForGood("keys_unavailable")
+        processor.logger.error("issuer keys unavailable for too long; the message is refused and dead-lettered", metadata: [
+            "warden.source": "\(checked.record.message.source)", "warden.reason": "\(reason)",
+            "warden.waited": "\(Self.words(maximumWait))",
+        ])
+        return EventProcessor.Checked(record: checked.record, result: .failure(VerificationError(
+            .keysUnavailableTooLong, "the issuer's keys could not be obtained in \(Self.words(maximumWait)) (the last attempt: \(reason))")))
+    }
+
+    /// A wait in words: `24 h`, `90 s`, `0.5 s`.
+    static func words(_ wait: Duration) -> String {
+        let seconds = wait.timeInterval
+        if seconds >= 3600, seconds.truncatingRemainder(dividingBy: 3600) == 0 { return "\(Int(seconds / 3600)) h" }
+        if seconds >= 1, seconds.truncatingRemainder(dividingBy: 1) == 0 { return "\(Int(seconds)) s" }
+        return "\(seconds) s"
+    }
+
     /// Verifies the waiting records again, backing off between rounds, until closed or the
-    /// process stops; wakes admission when some record has a verdict.
+    /// process stops; wakes admission when some record has a verdict. A record still without
+    /// keys after `maximumWait` is refused.
     func retry(processor: EventProcessor, wake: @Sendable () -> Void) async {
         defer {
             close()
@@ -371,7 +414,10 @@ final class WaitingRoom: Sendable {
             }
             var changed = false
             for entry in waiting {
-                let again = await processor.checkAgain(entry.checked)
+                var again = await processor.checkAgain(entry.checked)
+                if again.waitingLane != nil, entry.since.duration(to: .now) >= maximumWait {
+                    again = giveUp(again, processor: processor)
+                }
                 guard again.waitingLane == nil else { continue }
                 changed = true
                 state.withLock { s in

@@ -36,10 +36,11 @@ public final class KafkaIntake: Service {
         self.arrivalWindow = arrivalWindow
     }
 
-    public convenience init(consumer: KafkaConsumer, processor: EventProcessor, metrics: WardenMetrics, logger: Logger,
+    public convenience init(consumer: KafkaConsumer, processor: EventProcessor,
+                            maximumKeyWait: Duration = EventPipeline.defaultMaximumKeyWait, metrics: WardenMetrics, logger: Logger,
                             arrivalWindow: Double = 0) {
-        self.init(consumer: consumer, pipeline: EventPipeline(processor: processor), metrics: metrics, logger: logger,
-                  arrivalWindow: arrivalWindow)
+        self.init(consumer: consumer, pipeline: EventPipeline(processor: processor, maximumKeyWait: maximumKeyWait), metrics: metrics,
+                  logger: logger, arrivalWindow: arrivalWindow)
     }
 
     /// The longest `arrivalWindow` that is safe for these issuers and this retention. A SET the

@@ -49,6 +49,9 @@ public struct VerificationError: Error, Sendable, Equatable, CustomStringConvert
         case otherStreamsIssuer = "other-streams-issuer"
         // Not a verdict on the token: the issuer's keys could not be obtained. Retry later.
         case keysUnavailable = "keys-unavailable"
+        /// The issuer's keys could not be obtained for as long as a message may wait for them:
+        /// the message is refused (reported `keys_unavailable`), not retried any more.
+        case keysUnavailableTooLong = "keys-unavailable-too-long"
     }
 
     public var kind: Kind
@@ -71,7 +74,7 @@ public struct VerificationError: Error, Sendable, Equatable, CustomStringConvert
     /// The RFC 8935 code; nil for `keysUnavailable`, which is not a verdict on the token.
     public var code: SETErrorCode? {
         switch kind {
-        case .keysUnavailable: nil
+        case .keysUnavailable, .keysUnavailableTooLong: nil
         case .unsupportedAlgorithm, .missingKeyID, .unknownKeyID, .unusableKey, .algorithmMismatch, .badSignature: .invalidKey
         case .unknownIssuer: .invalidIssuer
         case .audienceMismatch: .invalidAudience

@@ -154,8 +154,8 @@ struct Worker {
                                            deadLetters: KafkaDeadLetters(producer: producer, topic: kafka.deadLetterTopic),
                                            metrics: metrics, logger: logger, stop: StopSignal(), engine: engine,
                                            configuration: .init(parallelism: kafka.concurrency))
-            intake = KafkaIntake(consumer: consumer, processor: processor, metrics: metrics, logger: logger,
-                                 arrivalWindow: KafkaIntake.arrivalWindow(retention: configuration.ledgerRetention, issuers: configuration.issuers))
+            intake = KafkaIntake(consumer: consumer, processor: processor, maximumKeyWait: .seconds(kafka.maximumKeyWait),
+                                 metrics: metrics, logger: logger, arrivalWindow: KafkaIntake.arrivalWindow(retention: configuration.ledgerRetention, issuers: configuration.issuers))
             intakeChecks = [.init("kafka") { consumer.hasJoinedGroup }]
             closers = [.init(service: CloseOnShutdown { producer.close() })]
             if configuration.receiver != nil || !configuration.pollStreams.isEmpty {

@@ -22,11 +22,14 @@ public struct KafkaSettings: Sendable, Equatable {
     public var maximumInFlight: Int
     /// Seconds between offset commits. Default 1.
     public var commitInterval: Double
+    /// Seconds a message may wait aside for its issuer's keys before it is refused and
+    /// dead-lettered (`keys_unavailable`). Default 24 h.
+    public var maximumKeyWait: Double = 86_400
 
     public var isEmbedded: Bool { brokers == "embedded" }
 
     static let keys = ["brokers", "topic", "group", "dead-letter-topic", "properties", "embedded-partitions",
-                       "concurrency", "max-in-flight", "commit-interval"]
+                       "concurrency", "max-in-flight", "commit-interval", "max-key-wait"]
 
     static func parse(_ r: ConfigReader) throws(ConfigError) -> KafkaSettings? {
         guard r.isPresent else { return nil }
@@ -66,7 +69,7 @@ public struct KafkaSettings: Sendable, Equatable {
         guard !group.isEmpty else {
             throw r.child("group").error("needs a value")
         }
-        return KafkaSettings(
+        var settings = KafkaSettings(
             brokers: try r.child("brokers").requiredString(),
             topic: topic,
             group: group,
@@ -76,6 +79,8 @@ public struct KafkaSettings: Sendable, Equatable {
             concurrency: try positiveInt(r.child("concurrency")) ?? ProcessInfo.processInfo.activeProcessorCount,
             maximumInFlight: try positiveInt(r.child("max-in-flight")) ?? 4096,
             commitInterval: try WardenConfiguration.positive(r.child("commit-interval")) ?? 1)
+        if let wait = try WardenConfiguration.positive(r.child("max-key-wait")) { settings.maximumKeyWait = wait }
+        return settings
     }
 }
 

@@ -467,6 +467,54 @@ struct CoreTests {
         if case .recorded = door.disposition(0) {} else { Issue.record("w-1: \(String(describing: door.disposition(0)))") }
     }
 
+    // A token whose issuer's keys do not come back within the pipeline's longest wait is
+    // refused (`keys_unavailable`), recorded and dead-lettered, counted as a permanent failure;
+    // the later event of its subject that waited behind it then goes on. Nothing waits for ever.
+    @Test func aTokenWaitingForKeysTooLongIsRefusedAndItsSubjectGoesOn() async throws {
+        let registry = PrometheusCollectorRegistry()
+        let world = World(metrics: PrometheusMetricsFactory(registry: registry))
+        // B's keys: b1 fetched now; then the provider goes down for good, and the keys go stale.
+        world.fetcherB.document.withLock { $0 = SETMinter.jwks([Self.keyB1]) }
+        _ = await world.processor.verifier.verify(Array(Self.token(Self.issuerB, "x", jti: "warm-up", key: Self.keyB1).value))
+        world.fetcherB.failing.withLock { $0 = true }
+        world.clockOffset.seconds.withLock { $0 = 120 }
+
+        let door = HandDoor()
+        let pipeline = EventPipeline(processor: world.processor, maximumKeyWait: .milliseconds(400))
+        let running = Task { await pipeline.run(door.stream) }
+        door.feed([
+            Self.token(Self.issuerB, "x", jti: "x-1", key: Self.keyB2),  // b2: unknown, provider down: waits, then refused
+            Self.token(Self.issuerB, "x", jti: "x-2", key: Self.keyB1),  // verifies with stale b1, behind x-1
+            Self.token(Self.issuerA, "y", jti: "y-1", key: Self.keyA),   // another issuer: flows at once
+        ])
+        #expect(await eventually { door.disposition(2) != nil })
+        #expect(door.disposition(0) == nil, "still waiting for its keys")
+        let settled = await eventually { door.disposition(0) != nil && door.disposition(1) != nil }
+        #expect(settled)
+        // Without a verdict the pipeline would wait for the keys for ever.
+        if !settled { world.stop.stop() }
+        door.continuation.finish()
+        await running.value
+
+        guard case .rejected(let code, let description) = door.disposition(0) else {
+            Issue.record("x-1: \(String(describing: door.disposition(0)))")
+            return
+        }
+        #expect(code == "keys_unavailable")
+        #expect(description.contains("could not be obtained in"), "\(description)")
+        #expect(world.ledger.event("x-1") == nil)
+        #expect(world.ledger.rejections.map(\.code) == ["keys_unavailable"])
+        #expect(world.ledger.rejections.first?.source == "test:x-1")
+        #expect(world.deadLetters.sent.withLock { $0.map(\.source) } == ["test:x-1"])
+        // The subject's later event was held behind it, and is recorded after it.
+        #expect(world.ledger.event("x-2")?.outcome == .processed)
+        if case .recorded = door.disposition(1) {} else { Issue.record("x-2: \(String(describing: door.disposition(1)))") }
+        var text: [UInt8] = []
+        registry.emit(into: &text)
+        let metrics = String(decoding: text, as: UTF8.self)
+        #expect(metrics.contains(#"warden_permanent_failures_total{what="keys_unavailable"} 1"#), "\(metrics)")
+    }
+
     // While events' steps run, the intake's ledger writes are short, so a step's outcome
     // (written between two of them) waits for little; with no step running they may be long.
     // Signatures are checked on threads of their own, beneath the ledger's writer and the

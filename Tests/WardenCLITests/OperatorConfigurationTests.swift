@@ -145,6 +145,14 @@ struct OperatorConfigurationTests {
         #expect(try WardenConfiguration.parse(yaml: one).issuers.first?.keyCache.unknownKeyCooldown == 1)
     }
 
+    /// How long a Kafka message may wait for its issuer's keys: a day unless set; never nothing.
+    @Test func theLongestWaitForKeys() throws {
+        #expect(try parse("kafka: {brokers: embedded}\n").kafka?.maximumKeyWait == 86_400)
+        #expect(try parse("kafka: {brokers: embedded, max-key-wait: 6h}\n").kafka?.maximumKeyWait == 21_600)
+        #expect(try parse("kafka: {brokers: embedded}\n", environment: ["WARDEN_KAFKA_MAX_KEY_WAIT": "90s"]).kafka?.maximumKeyWait == 90)
+        #expect(error("kafka: {brokers: embedded, max-key-wait: 0s}\n").contains("kafka.max-key-wait: must be greater than zero"))
+    }
+
     @Test func configFromTheEnvironmentAndVersion() async throws {
         let directory = try Scratch.directory("warden-config-env")
         let path = directory.appendingPathComponent("warden.yaml").path

@@ -169,18 +169,8 @@ struct WorkerTests {
         #expect(invalid.first?.errorCode == "invalid_key")
 
         // The dead letter: the original value, with the error and where it came from.
-        let reader = try KafkaConsumer(configuration: .init(bootstrapServers: setup.cluster.bootstrapServers, groupID: "dlq-reader",
-                                                            topics: ["security-events.dlq"],
-                                                            properties: ["session.timeout.ms": "6000"]), logger: Self.quiet)
-        async let readerRun: Void = reader.run()
-        var deadLetters: [KafkaMessage] = []
-        for await message in reader.messages {
-            deadLetters.append(message)
-            break
-        }
-        reader.close()
-        try await readerRun
-        let letter = try #require(deadLetters.first)
+        let deadLetter = try await EngineWorkerTests.firstDeadLetter(setup.cluster.bootstrapServers)
+        let letter = try #require(deadLetter)
         #expect(letter.value == Array(forged.utf8))
         // On the original's key, so it lands where that user's events go and can be re-driven.
         #expect(letter.key == Array("user-1".utf8))
@@ -274,6 +264,52 @@ struct WorkerTests {
         #expect(age.flatMap { Double($0.split(separator: " ").last ?? "") }.map { $0 >= 0 && $0 < 3600 } == true, "\(String(describing: age))")
         #expect(await restarted.terminate() == 0)
         #expect(try SQLiteLedgerReader(path: setup.ledgerPath).deliveries().isEmpty)
+        await server.stop()
+    }
+
+    /// The provider's keys stay unavailable longer than `kafka.max-key-wait`: the message is
+    /// refused (`keys_unavailable`), recorded, dead-lettered and counted, its offset committed
+    /// so the partition goes on; once the keys are back, `warden replay --apply` over the topic
+    /// acts on it, and a dry run afterwards finds nothing missing.
+    @Test func keysUnavailableTooLongIsRefusedAndReplayRepairsIt() async throws {
+        let server = try await KeyServer.start()
+        server.serve("/certs", KeyServer.Document(body: "unavailable", status: 503))
+        let setup = try Setup(partitions: 1, keySource: "jwks-uri: \(server.url("/certs"))")
+        defer { setup.cleanUp() }
+        let worker = try WorkerProcess(config: setup.config, environment: ["WARDEN_KAFKA_MAX_KEY_WAIT": "2s"])
+        let port = try await worker.httpPort()
+        try await Self.produce(setup.cluster.bootstrapServers, [("user-9", try Self.token(subject: "user-9"))])
+
+        try await Self.waitFor("the refusal in the ledger") { try !SQLiteLedgerReader(path: setup.ledgerPath).deliveries().isEmpty }
+        let refused = try SQLiteLedgerReader(path: setup.ledgerPath).deliveries()
+        #expect(refused.map(\.verdict) == ["invalid"])
+        #expect(refused.map(\.errorCode) == ["keys_unavailable"])
+        #expect(try SQLiteLedgerReader(path: setup.ledgerPath).eventCount() == 0)
+        try await Self.waitFor("the refusal counted") {
+            let metrics = try await Self.httpGet(port, "/metrics").1
+            return Self.metric(metrics, #"warden_permanent_failures_total{what="keys_unavailable"}"#) == 1
+        }
+        // Its offset is committed: the consumer lag of the partition comes back to zero.
+        try await Self.waitFor("the offset committed") {
+            let metrics = try await Self.httpGet(port, "/metrics").1
+            return Self.metric(metrics, #"warden_kafka_consumer_lag{topic="security-events",partition="0"}"#) == 0
+        }
+        #expect(await worker.terminate() == 0)
+        #expect(worker.standardError.contains("issuer keys unavailable for too long"))
+
+        let deadLetter = try await EngineWorkerTests.firstDeadLetter(setup.cluster.bootstrapServers)
+        let letter = try #require(deadLetter)
+        #expect(letter.header("warden-error") == Array("keys_unavailable".utf8))
+        let description = String(decoding: letter.header("warden-error-description") ?? [], as: UTF8.self)
+        #expect(description.contains("could not be obtained in 2 s"), "\(description)")
+
+        // The keys are back: replay finds the event refused then and valid now, and applies it.
+        server.serve("/certs", json: SETMinter.jwks([Self.rsa, Self.ec]))
+        let applied = try await Warden.run(["replay", "--config", setup.config.path, "--topic", "security-events", "--apply"])
+        #expect(applied.stdout.contains("verdict-changed"), "\(applied.stdout)\(applied.stderr)")
+        #expect(try SQLiteLedgerReader(path: setup.ledgerPath).eventCount() == 1)
+        let again = try await Warden.run(["replay", "--config", setup.config.path, "--topic", "security-events"])
+        #expect(again.status == 0, "\(again.stdout)\(again.stderr)")
         await server.stop()
     }
 
