@@ -1,6 +1,8 @@
 import Foundation
 import Invalidation
+import Ledger
 import Logging
+import SecurityEvents
 import Synchronization
 import TokenVerification
 
@@ -13,18 +15,21 @@ import TokenVerification
 /// later records of its subject (which must not act before it), while everything else flows;
 /// it holds back only what its acknowledgement holds back (for Kafka, its partition's commit
 /// point). At most `maximumWaitingForKeys` records wait so; beyond that, admission waits too.
-/// None waits longer than `maximumKeyWait`: then it is refused (`keys_unavailable`), recorded
-/// and dead-lettered like an invalid token, and the commit point it held moves on.
+/// With a `maximumKeyWait` (Kafka's), a record still without keys after that long (in this
+/// process) is refused (`keys_unavailable`), recorded and dead-lettered like an invalid token,
+/// and the commit point it held moves on; one whose token the ledger already holds as an
+/// event (a redelivery after a crash, its steps maybe pending) keeps waiting.
 public struct EventPipeline: Sendable {
     public let processor: EventProcessor
     /// Records that may wait for keys aside at once (`warden_waiting_for_keys`).
     public let maximumWaitingForKeys: Int
     /// How long a record may wait aside for its issuer's keys before it is given up on
-    /// (`kafka.max-key-wait`). An issuer whose keys never come back must not hold its partitions'
+    /// (`kafka.max-key-wait`); nil: as long as it takes (a resumed event's pending steps must
+    /// not be given up). An issuer whose keys never come back must not hold its partitions'
     /// commit points, and what a restart fetches again, for ever; what is given up is in the
     /// ledger and the dead-letter topic, and `warden replay --apply` acts on it once the keys
     /// are back.
-    public let maximumKeyWait: Duration
+    public let maximumKeyWait: Duration?
     /// Verified records that may wait for the ledger at once; verification pauses beyond it.
     public let maximumUnwritten: Int
     /// Most records one ledger write holds.
@@ -40,7 +45,7 @@ public struct EventPipeline: Sendable {
 
     public static let defaultMaximumKeyWait: Duration = .seconds(86_400)
 
-    public init(processor: EventProcessor, maximumWaitingForKeys: Int = 10_000, maximumKeyWait: Duration = defaultMaximumKeyWait,
+    public init(processor: EventProcessor, maximumWaitingForKeys: Int = 10_000, maximumKeyWait: Duration? = nil,
                 maximumUnwritten: Int = 16_384, maximumWrite: Int = 1024, maximumWriteWhileActing: Int = 96,
                 maximumWritesInFlight: Int = 4) {
         self.processor = processor
@@ -255,10 +260,10 @@ final class WaitingRoom: Sendable {
 
     private let state = Mutex(State())
     let limit: Int
-    /// How long a record may wait for its keys before it is refused.
-    let maximumWait: Duration
+    /// How long a record may wait for its keys before it is refused; nil: no limit.
+    let maximumWait: Duration?
 
-    init(limit: Int, maximumWait: Duration = EventPipeline.defaultMaximumKeyWait) {
+    init(limit: Int, maximumWait: Duration? = nil) {
         self.limit = max(1, limit)
         self.maximumWait = maximumWait
     }
@@ -369,17 +374,30 @@ final class WaitingRoom: Sendable {
         for waiter in waiters { waiter.resume() }
     }
 
-    /// A record that waited `maximumWait` for its keys, refused: admission then records it and
-    /// dead-letters it (`keys_unavailable`), and its lane's later records go on.
-    private func giveUp(_ checked: EventProcessor.Checked, processor: EventProcessor) -> EventProcessor.Checked {
+    /// A record that waited `wait` for its keys, refused: admission then records it and
+    /// dead-letters it (`keys_unavailable`, counted as a permanent failure), and its lane's
+    /// later records go on. Nil, and it keeps waiting, when its door took it back (its Kafka
+    /// partition went to another member, which reads it again) or when the ledger holds this
+    /// very token as an event (a redelivery after a crash: refused, the event's pending steps
+    /// would be left with nothing to run them), or cannot tell.
+    private func giveUp(_ checked: EventProcessor.Checked, after wait: Duration,
+                        processor: EventProcessor) async -> EventProcessor.Checked? {
+        let acknowledgement = checked.record.acknowledgement
+        guard acknowledgement.beginAction() else { return nil }
+        acknowledgement.endAction()
+        let token = Array(trimmedASCIIWhitespace(checked.record.message.value))
+        let claimed = UnverifiedClaims(token)
+        if let issuer = claimed.issuer, let jti = claimed.jti, let ledger = processor.ledger as? any AuditingLedger {
+            let key = EventKey(issuer: issuer, jti: jti)
+            guard let states = try? await ledger.eventStates([key]) else { return nil }
+            if let state = states[key], state.tokenSHA256 == AuditChain.sha256Hex(token) { return nil }
+        }
         let reason = if case .failure(let error) = checked.result { error.description } else { "" }
-        processor.metrics.failedForGood("keys_unavailable")
         processor.logger.error("issuer keys unavailable for too long; the message is refused and dead-lettered", metadata: [
-            "warden.source": "\(checked.record.message.source)", "warden.reason": "\(reason)",
-            "warden.waited": "\(Self.words(maximumWait))",
+            "warden.source": "\(checked.record.message.source)", "warden.reason": "\(reason)", "warden.waited": "\(Self.words(wait))",
         ])
         return EventProcessor.Checked(record: checked.record, result: .failure(VerificationError(
-            .keysUnavailableTooLong, "the issuer's keys could not be obtained in \(Self.words(maximumWait)) (the last attempt: \(reason))")))
+            .keysUnavailableTooLong, "the issuer's keys could not be obtained in \(Self.words(wait)) (the last attempt: \(reason))")))
     }
 
     /// A wait in words: `24 h`, `90 s`, `0.5 s`.
@@ -392,7 +410,7 @@ final class WaitingRoom: Sendable {
 
     /// Verifies the waiting records again, backing off between rounds, until closed or the
     /// process stops; wakes admission when some record has a verdict. A record still without
-    /// keys after `maximumWait` is refused.
+    /// keys after `maximumWait` is refused (`giveUp`).
     func retry(processor: EventProcessor, wake: @Sendable () -> Void) async {
         defer {
             close()
@@ -415,8 +433,9 @@ final class WaitingRoom: Sendable {
             var changed = false
             for entry in waiting {
                 var again = await processor.checkAgain(entry.checked)
-                if again.waitingLane != nil, entry.since.duration(to: .now) >= maximumWait {
-                    again = giveUp(again, processor: processor)
+                if again.waitingLane != nil, let maximumWait, entry.since.duration(to: .now) >= maximumWait,
+                   let refused = await giveUp(again, after: maximumWait, processor: processor) {
+                    again = refused
                 }
                 guard again.waitingLane == nil else { continue }
                 changed = true

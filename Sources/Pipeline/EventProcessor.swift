@@ -182,6 +182,7 @@ public struct EventProcessor: Sendable {
             case .failure(let error) where error.isRetryable:
                 break resolving
             case .failure(let error):
+                if error.kind == .keysUnavailableTooLong { metrics.failedForGood("keys_unavailable") }
                 verdicts.append(.invalid(code: error.reportedCode, description: error.description))
             }
         }

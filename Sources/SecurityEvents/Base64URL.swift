@@ -128,3 +128,21 @@ public func trimmedASCIIWhitespace(_ bytes: [UInt8]) -> ArraySlice<UInt8> {
     }
     return bytes[start...end]
 }
+
+/// The claims a token says it has, read without verifying anything: to find what the ledger
+/// made of a token that does not verify (now), and where to put it on a timeline. Nothing read
+/// here is to be trusted.
+public struct UnverifiedClaims: Sendable {
+    public var issuer: String?
+    public var jti: String?
+    public var issuedAt: Double?
+
+    public init(_ token: [UInt8]) {
+        let parts = token.split(separator: UInt8(ascii: "."), maxSplits: 3, omittingEmptySubsequences: false)
+        guard parts.count == 3, let payload = Base64URL.decode(parts[1]),
+              case .object(let claims)? = try? JSONParser.parse(payload) else { return }
+        issuer = claims["iss"]?.stringValue
+        jti = claims["jti"]?.stringValue
+        issuedAt = claims["iat"]?.numberValue
+    }
+}

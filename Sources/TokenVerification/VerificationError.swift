@@ -71,7 +71,8 @@ public struct VerificationError: Error, Sendable, Equatable, CustomStringConvert
             : description
     }
 
-    /// The RFC 8935 code; nil for `keysUnavailable`, which is not a verdict on the token.
+    /// The RFC 8935 code; nil for `keysUnavailable`, which is not a verdict on the token, and
+    /// for `keysUnavailableTooLong` (reported `keys_unavailable`): no fault of the token.
     public var code: SETErrorCode? {
         switch kind {
         case .keysUnavailable, .keysUnavailableTooLong: nil

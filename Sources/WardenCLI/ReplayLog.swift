@@ -185,23 +185,6 @@ struct FileReplaySource: ReplaySource {
     }
 }
 
-/// The claims a token says it has, read without verifying anything: to find what the ledger
-/// made of a token that no longer verifies, and where to put it on the timeline.
-struct UnverifiedClaims {
-    var issuer: String?
-    var jti: String?
-    var issuedAt: Double?
-
-    init(_ token: [UInt8]) {
-        let parts = token.split(separator: UInt8(ascii: "."), maxSplits: 3, omittingEmptySubsequences: false)
-        guard parts.count == 3, let payload = Base64URL.decode(parts[1]),
-              case .object(let claims)? = try? JSONParser.parse(payload) else { return }
-        issuer = claims["iss"]?.stringValue
-        jti = claims["jti"]?.stringValue
-        issuedAt = claims["iat"]?.numberValue
-    }
-}
-
 /// A Kafka topic over a time range, read by a consumer of its own that commits nothing.
 struct KafkaReplaySource: ReplaySource {
     let reader: KafkaTopicReader

@@ -95,6 +95,50 @@ struct EngineWorkerTests {
 }
 
 extension EngineWorkerTests {
+    // A crash leaves an event's step pending; when it is delivered again, its issuer's keys
+    // cannot be had for longer than kafka.max-key-wait. It is not refused (its steps would be
+    // left with nothing to run them): it keeps waiting, and its step runs once the keys are back.
+    @Test func aKnownEventWaitingForKeysPastTheLimitKeepsWaitingForItsStep() async throws {
+        let server = try await KeyServer.start()
+        server.serve("/certs", json: SETMinter.jwks([WorkerTests.rsa, WorkerTests.ec]))
+        server.serve("/hook", .init(body: "", status: 503))
+        let setup = try WorkerTests.Setup(partitions: 1, keySource: "jwks-uri: \(server.url("/certs"))",
+                                          extra: WorkerTests.notifyPolicy(hook: server.url("/hook")))
+        defer { setup.cleanUp() }
+        let environment = ["WARDEN_KAFKA_MAX_KEY_WAIT": "1s"]
+        let first = try WorkerProcess(config: setup.config, environment: environment)
+        _ = try await first.httpPort()
+        try await WorkerTests.produce(setup.cluster.bootstrapServers, [("u8", try token(.sessionsRevoked, subject: "u8"))])
+        try await WorkerTests.waitFor("the step retried against the failing webhook") {
+            let reader = try SQLiteLedgerReader(path: setup.ledgerPath)
+            guard let event = try reader.events().first else { return false }
+            return try reader.steps(ofEvent: event.id).map(\.status) == [.pending] && server.requests("/hook") >= 2
+        }
+        await first.kill()
+
+        // The provider's keys are gone; the webhook answers again.
+        server.serve("/certs", .init(body: "unavailable", status: 503))
+        server.serve("/hook", .init(body: "", status: 200))
+        let second = try WorkerProcess(config: setup.config, environment: environment)
+        let port = try await second.httpPort()
+        // Rounds of retries 0.5 s, 1 s, 2 s apart: the redelivery has waited past the 1 s limit.
+        try await WorkerTests.waitFor("the redelivery retried past the limit") {
+            let metrics = try await WorkerTests.httpGet(port, "/metrics").1
+            return WorkerTests.metric(metrics, #"warden_retries_total{reason="keys_unavailable"}"#) ?? 0 >= 4
+        }
+        let metrics = try await WorkerTests.httpGet(port, "/metrics").1
+        #expect(WorkerTests.metric(metrics, #"warden_permanent_failures_total{what="keys_unavailable"}"#) == nil, "\(metrics)")
+        #expect(try SQLiteLedgerReader(path: setup.ledgerPath).deliveries().filter { $0.verdict == "invalid" }.isEmpty)
+
+        server.serve("/certs", json: SETMinter.jwks([WorkerTests.rsa, WorkerTests.ec]))
+        try await WorkerTests.waitFor("the event processed once the keys are back") {
+            try SQLiteLedgerReader(path: setup.ledgerPath).events().first?.outcome == "processed"
+        }
+        #expect(try SQLiteLedgerReader(path: setup.ledgerPath).deliveries().filter { $0.verdict == "invalid" }.isEmpty)
+        #expect(await second.terminate() == 0)
+        await server.stop()
+    }
+
     @Test func redisDownAndARevokeEndpointFailingForAWhileLoseNothing() async throws {
         let redis = try await RedisServer(persistent: true)
         let revoke = try await KeyServer.start()

@@ -47,13 +47,8 @@ struct ReplayTests {
         keys.serve("/jwks", json: SETMinter.jwks([Self.before]))
         let hooks = try await KeyServer.start()
         hooks.serve("/hook", .init(body: "", status: 400))  // refuses for good until told otherwise
-        let setup = try PushReceiverTests.Setup(keySource: "jwks-uri: \(keys.url("/jwks"))", bearerTokens: false, extra: """
-            targets:
-              app: {webhook: {url: "\(hooks.url("/hook"))", hmac-secret: test-secret}}
-            policy:
-              sessions-revoked:
-                - notify: {target: app}
-            """)
+        let setup = try PushReceiverTests.Setup(keySource: "jwks-uri: \(keys.url("/jwks"))", bearerTokens: false,
+                                                extra: WorkerTests.notifyPolicy(hook: hooks.url("/hook")))
         defer { setup.cleanUp() }
         let failed = try Self.token("failed-1"), done = try Self.token("done-1"), never = try Self.token("never-1")
         let forged = try Self.token("forged-1", key: Self.forger)

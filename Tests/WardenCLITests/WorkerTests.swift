@@ -123,6 +123,17 @@ struct WorkerTests {
     }
 
     /// The value of one sample in Prometheus text.
+    /// Targets and policy for a configuration: every sessions-revoked event notifies a webhook.
+    static func notifyPolicy(hook: String) -> String {
+        """
+        targets:
+          app: {webhook: {url: "\(hook)", hmac-secret: test-secret}}
+        policy:
+          sessions-revoked:
+            - notify: {target: app}
+        """
+    }
+
     static func metric(_ text: String, _ name: String) -> Double? {
         for line in text.split(separator: "\n") where line.hasPrefix(name + " ") {
             return Double(line.dropFirst(name.count + 1))
