@@ -18,6 +18,10 @@ public protocol AuditingLedger: Ledger {
     func eventStates(_ keys: [EventKey]) async throws(LedgerError) -> [EventKey: EventState]
     /// Which of these SHA-256 digests (hex) of rejected messages were recorded as rejections.
     func rejectedDigests(_ digests: [String]) async throws(LedgerError) -> Set<String>
+    /// The id of an event of `issuer` about `subject` (its JSON text, as the ledger keeps it)
+    /// issued after `issuedAt`, if there is one: an older event acted on now would come after it.
+    /// Not indexed: for the few events whose order matters.
+    func laterEvent(issuer: String, subject: String, issuedAfter issuedAt: Double) async throws(LedgerError) -> Int64?
     /// The latest cutoff retention has dropped events or rejections before (seconds since 1970):
     /// what was received before it may be gone. Nil when retention never dropped any.
     func retentionCutoff() async throws(LedgerError) -> Double?

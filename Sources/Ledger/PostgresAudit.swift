@@ -130,6 +130,15 @@ extension PostgresLedger {
         }
     }
 
+    public func laterEvent(issuer: String, subject: String, issuedAfter issuedAt: Double) async throws(LedgerError) -> Int64? {
+        try await transaction("read later events") { connection in
+            for try await id in try await connection.query("""
+                SELECT id FROM events WHERE issuer = \(issuer) AND subject = \(subject) AND issued_at > \(issuedAt) ORDER BY issued_at LIMIT 1
+                """, logger: self.logger).decode(Int64.self) { return id }
+            return nil
+        }
+    }
+
     public func rejectedDigests(_ digests: [String]) async throws(LedgerError) -> Set<String> {
         try await transaction("read rejections") { connection in
             var found = Set<String>()

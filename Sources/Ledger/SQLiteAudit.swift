@@ -220,6 +220,17 @@ extension SQLiteLedger {
         }
     }
 
+    public func laterEvent(issuer: String, subject: String, issuedAfter issuedAt: Double) async throws(LedgerError) -> Int64? {
+        try await durableRead { db in
+            var found: Int64?
+            var binder = SQLiteBinder()
+            try binder.query(db.cachedStatement(sql: """
+                SELECT id FROM events WHERE issuer = ? AND subject = ? AND issued_at > ? ORDER BY issued_at LIMIT 1
+                """), in: db, { $0.text(issuer); $0.text(subject); $0.double(issuedAt) }, row: { found = sqlite3_column_int64($0, 0) })
+            return found
+        }
+    }
+
     public func retentionCutoff() async throws(LedgerError) -> Double? {
         try await durableRead { db in try Double.fetchOne(db, sql: "SELECT pruned_before FROM audit_start WHERE id = 1") }
     }

@@ -45,6 +45,9 @@ struct ReplayFinding: Sendable {
     var time: Double?
     /// With --apply: what doing the missing part came to.
     var applied: String?
+    /// For an event that lifts a restriction: its subject's JSON text and `iat`, to find a
+    /// later event of the subject before acting on it.
+    var restoring: (subject: String?, issuedAt: Double)?
 
     /// One line of the JSON Lines report.
     var reportLine: String {
@@ -123,7 +126,17 @@ final class Replayer {
         /// The step kinds today's policy plans for it.
         var planned: [String]
         var issuedAt: Double
+        /// Its subject's JSON text, as the ledger keeps it.
+        var subject: String?
+        /// Whether it lifts a restriction (`account-enabled`): acted on after a later event of
+        /// its subject, it would undo that one.
+        var restoresAccess: Bool
     }
+
+    /// Event types whose steps lift what earlier ones imposed: applied out of order, they undo
+    /// a later restriction (the built-in policy answers `account-enabled` by deleting the
+    /// sign-in flag a later `account-disabled` set).
+    static let restoringTypes: Set<String> = [EventType.accountEnabled.uri, EventURIPrefix.oauth + "client-enabled"]
 
     enum Verdict: Sendable {
         case valid(Valid)
@@ -133,7 +146,7 @@ final class Replayer {
     /// Verifies a batch on every core, on the verification threads the worker uses, and plans
     /// each valid token with today's policy. Nil for an entry that holds no token.
     static func verify(_ entries: [ReplayEntry], with verifier: SETVerifier, planner: Planner) async -> [Verdict?] {
-        await onVerificationThreads(entries.count, workers: ProcessInfo.processInfo.activeProcessorCount) { i in
+        await onVerificationThreads(entries.count, workers: ProcessInfo.processInfo.activeProcessorCount) { i -> Verdict? in
             guard entries[i].malformed == nil else { return nil }
             switch await verifier.verify(entries[i].token, claimsTime: claimsTime(entries[i])) {
             case .success(let verified):
@@ -141,7 +154,10 @@ final class Replayer {
                 // The kinds only: no subject lookup is made (a dry run touches no target).
                 return .valid(Valid(issuer: token.issuer, jti: token.jti, types: token.events.map { $0.type.name },
                                     planned: planner.plan(token, subject: .user("-")).steps.map { $0.action.kind },
-                                    issuedAt: token.issuedAt))
+                                    issuedAt: token.issuedAt, subject: token.primarySubject?.jsonText,
+                                    restoresAccess: token.events.contains { (event: SecurityEvent) in
+                                        restoringTypes.contains(event.type.definition?.canonicalURI ?? event.type.uri)
+                                    }))
             case .failure(let error):
                 return .invalid(error)
             }
@@ -191,9 +207,11 @@ final class Replayer {
                 if let iss = claimed.issuer, let jti = claimed.jti { lookups.append(EventKey(issuer: iss, jti: jti)) }
             case .valid(let valid):
                 let first = firsts.next() ?? true
-                findings.append(ReplayFinding(position: entry.position, jti: valid.jti, issuer: valid.issuer, valid: true,
-                                              types: valid.types, status: first ? .ok : .duplicate,
-                                              planned: valid.planned, time: entry.receivedAt ?? valid.issuedAt))
+                var finding = ReplayFinding(position: entry.position, jti: valid.jti, issuer: valid.issuer, valid: true,
+                                            types: valid.types, status: first ? .ok : .duplicate,
+                                            planned: valid.planned, time: entry.receivedAt ?? valid.issuedAt)
+                if valid.restoresAccess { finding.restoring = (valid.subject, valid.issuedAt) }
+                findings.append(finding)
                 if first { lookups.append(EventKey(issuer: valid.issuer, jti: valid.jti)) }
             }
         }
@@ -252,6 +270,14 @@ final class Replayer {
         for i in findings.indices where findings[i].valid {
             switch findings[i].status {
             case .neverProcessed, .verdictChanged:
+                // Lifting a restriction after a later event of the subject would undo that one:
+                // left to the operator, a discrepancy still.
+                if let (subject, issuedAt) = findings[i].restoring, let subject, let issuer = findings[i].issuer,
+                   let later = try await ledger.laterEvent(issuer: issuer, subject: subject, issuedAfter: issuedAt) {
+                    findings[i].applied = "not applied: it lifts a restriction, and ledger event \(later) of its subject came after it"
+                    statistics.unrepaired += 1
+                    continue
+                }
                 chosen.append(i)
             case .plannedNotDone:
                 if let id = findings[i].eventID, findings[i].ledgerSteps?.contains(where: { $0.status == .failed }) == true {

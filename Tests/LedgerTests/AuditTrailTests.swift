@@ -245,6 +245,25 @@ struct AuditTrailTests {
         await ledger.close()
     }
 
+    /// Replay's question before lifting a restriction: is a later event of this subject held?
+    @Test(arguments: Backend.allCases) func aLaterEventOfASubjectIsFound(_ backend: Backend) async throws {
+        let storage = try await LedgerUnderTest(backend)
+        let ledger = try await open(storage)
+        let event = E.event(jti: "later")  // iat 1_800_000_000
+        let subject = try #require(event.subject)
+        let claims = try await ledger.record([.event(event, outcome: .processed, steps: [])])
+        guard case .new(let id)?? = claims.first else {
+            Issue.record("no claim: \(claims)")
+            return
+        }
+        #expect(try await ledger.laterEvent(issuer: event.issuer, subject: subject, issuedAfter: 1_799_999_999) == id)
+        #expect(try await ledger.laterEvent(issuer: event.issuer, subject: subject, issuedAfter: 1_800_000_000) == nil, "not later: the same time")
+        #expect(try await ledger.laterEvent(issuer: "https://other.example/", subject: subject, issuedAfter: 0) == nil, "another issuer's")
+        #expect(try await ledger.laterEvent(issuer: event.issuer, subject: #"{"format":"iss_sub","iss":"https://issuer.example/","sub":"2"}"#,
+                                            issuedAfter: 0) == nil, "another subject's")
+        await ledger.close()
+    }
+
     /// Two replicas on one PostgreSQL ledger append to one chain, never forking it.
     @Test func replicasAppendToOneChain() async throws {
         let storage = try await LedgerUnderTest(.postgres)

@@ -176,6 +176,40 @@ struct ReplayTests {
         #expect(applied.status == 1, "\(applied.stdout)")
     }
 
+    /// `--apply` leaves alone an old event that lifts a restriction when the ledger holds a later
+    /// event of its subject: acted on now, it would undo that one (an old account-enabled
+    /// deleting the sign-in flag a later account-disabled set). It stays a discrepancy. Another
+    /// subject's, and an old revocation of the same subject, are applied.
+    @Test func anOldLiftingEventIsNotAppliedAfterALaterOneOfItsSubject() async throws {
+        let (directory, config, path) = try AuditExportTests.ledgerFolder()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        await (try SQLiteLedger(path: path)).close()
+        let now = Date().timeIntervalSince1970
+        func token(_ event: EventType, _ subject: String, _ jti: String, issuedAt: Double) throws -> String {
+            try SETMinter.token(claims: SETMinter.riscClaims(issuer: WorkerTests.issuer, audience: WorkerTests.audience, event: event,
+                                                             subject: subject, jti: jti, issuedAt: issuedAt), key: WorkerTests.ec)
+        }
+        let first = directory.appendingPathComponent("first.log")
+        try (try token(.accountDisabled, "u1", "disabled-1", issuedAt: now - 60) + "\n").write(to: first, atomically: true, encoding: .utf8)
+        let disabled = try await Self.replay(config, first, apply: true)
+        #expect(disabled.status == 0, "\(disabled.stdout)")
+
+        let late = directory.appendingPathComponent("late.log")
+        try ([try token(.accountEnabled, "u1", "enabled-old", issuedAt: now - 600),
+              try token(.accountEnabled, "u2", "enabled-other", issuedAt: now - 600),
+              try token(.sessionsRevoked, "u1", "revoked-old", issuedAt: now - 600)].joined(separator: "\n") + "\n")
+            .write(to: late, atomically: true, encoding: .utf8)
+        let applied = try await Self.replay(config, late, apply: true)
+        #expect(applied.status == 1, "\(applied.stdout)")
+        let notes = applied.lines.map { $0["applied"]?.stringValue ?? "" }
+        #expect(notes.count == 3)
+        #expect(notes.first?.hasPrefix("not applied: it lifts a restriction, and ledger event") == true, "\(notes)")
+        #expect(notes.dropFirst().allSatisfy { !$0.isEmpty && !$0.hasPrefix("not applied") }, "\(notes)")
+        #expect(Set(try SQLiteLedgerReader(path: path).events().map(\.jti)) == ["disabled-1", "enabled-other", "revoked-old"])
+        let dry = try await Self.replay(config, late)
+        #expect(dry.statuses == ["never-processed", "ok", "ok"], "\(dry.stdout)")
+    }
+
     /// `warden replay --topic`: a consumer of its own over a time range, against the ledger.
     @Test func aTopicRangeIsComparedWithTheLedger() async throws {
         let cluster = try EmbeddedKafkaCluster(topics: [("security-events", 2)], logger: WorkerTests.quiet)
