@@ -134,6 +134,15 @@ public struct EventPipeline: Sendable {
                         // their steps, one ledger write for the outcomes.
                         var together: [(work: EventProcessor.Work, turn: SubjectLanes.Turn)] = []
                         for work in written {
+                            // A resume pass's copy of an event this process holds (the pass
+                            // read it between its claim and its entry here) is its holder's to
+                            // finish: settled at once, not queued behind it in its lane, where
+                            // the pass's page, and every later pass, would wait on it.
+                            if !work.isNew, work.record.message.source == PendingStepsResume.source,
+                               processor.inSteps.contains(work.eventID) {
+                                work.record.acknowledgement.settle(.duplicate(eventID: work.eventID))
+                                continue
+                            }
                             let turn = lanes.enter(work.subjectKey)
                             processor.inSteps.take(work.eventID)
                             if turn.previous == nil, work.isNew {

@@ -302,6 +302,33 @@ struct CoreTests {
         await replicaB.stop()
     }
 
+    // A resume pass may read an event this process has just claimed, before its steps start
+    // (the moment between the claim and its entry into its subject's lane). That copy is
+    // settled at once, a duplicate: queued behind the event, it would hold the pass's page,
+    // and every later pass with it, for as long as the event's steps take.
+    @Test func aResumedCopyOfAnEventInHandIsSettledAtOnce() async throws {
+        let world = World()
+        world.executor.hold("u1")
+        let door = HandDoor()
+        let running = Task { await world.pipeline.run(door.stream) }
+        let original = Self.token(Self.issuerA, "u1", jti: "in-hand", key: Self.keyA)
+        door.feed([original])
+        #expect(await eventually { world.executor.waiting("u1") == 1 })
+        var copy = original
+        copy.source = PendingStepsResume.source
+        door.feed([copy])
+        let id = try #require(world.ledger.event("in-hand")?.id)
+        #expect(await eventually { door.disposition(1) != nil }, "the copy waited behind the event it copies")
+        #expect(door.disposition(1) == .duplicate(eventID: id))
+        #expect(door.disposition(0) == nil, "the event itself is still in its first step")
+        world.executor.release("u1")
+        #expect(await eventually { door.disposition(0) != nil })
+        door.continuation.finish()
+        await running.value
+        #expect(door.disposition(0) == .recorded(eventID: id, outcome: .processed))
+        #expect(world.executor.calls(for: "u1") == 2, "each step once: the copy ran none")
+    }
+
     // A process's own event waiting out retries (its lease runs out between them) is its own to
     // finish: the resume passes leave it, and do not stall behind it while another replica's
     // event waits.

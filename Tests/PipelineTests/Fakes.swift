@@ -68,7 +68,9 @@ final class MemoryLedger: Ledger {
             return .duplicate(eventID: existing.id)
         }
         let id = Int64(s.events.count + 1)
-        s.events.append(Event(id: id, issuer: event.issuer, jti: event.jti, outcome: outcome, steps: steps, token: event.tokenBytes,
+        // The lease taken with the claim, as the SQL ledgers take it.
+        s.events.append(Event(id: id, issuer: event.issuer, jti: event.jti, outcome: outcome, steps: steps,
+                              leaseOwner: event.leaseOwner, leaseUntil: event.leaseUntil ?? 0, token: event.tokenBytes,
                               source: event.source, receivedAt: event.receivedAt))
         return .new(eventID: id)
     }
