@@ -203,11 +203,15 @@ struct StepRunnerTests {
         let writer = Self.writer(journal)
         journal.hold()
         let answers = try await withThrowingTaskGroup(of: (Int64, Bool).self) { group in
-            // Writes under way, so the next records wait and go in one write together.
-            for event in 10..<(10 + Int64(OutcomeWriter.maximumWriters)) {
+            // Writes under way, so the next records wait and go in one write together. Each is
+            // started once the one before is held in the journal: started together, the first
+            // caller to write may take the others' outcomes into its own write, and fewer
+            // writes than the most allowed are then under way.
+            for (n, event) in (10..<(10 + Int64(OutcomeWriter.maximumWriters))).enumerated() {
                 group.addTask { (event, await writer.write(Self.record(event))) }
+                #expect(await eventually { journal.heldWrites == n + 1 })
             }
-            #expect(await eventually { journal.heldWrites == OutcomeWriter.maximumWriters })
+            #expect(journal.heldWrites == OutcomeWriter.maximumWriters)
             group.addTask { (1, await writer.write(Self.record(1))) }
             group.addTask { (2, await writer.write(Self.record(2, detail: "refuse"))) }
             group.addTask { (3, await writer.write(Self.record(3))) }
