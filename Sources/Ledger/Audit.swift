@@ -137,9 +137,7 @@ public struct EventKey: Sendable, Hashable {
         self.jti = jti
     }
 
-    public static func == (a: EventKey, b: EventKey) -> Bool {
-        a.issuer.utf8.elementsEqual(b.issuer.utf8) && a.jti.utf8.elementsEqual(b.jti.utf8)
-    }
+    public static func == (a: EventKey, b: EventKey) -> Bool { sameName(a.issuer, b.issuer) && sameName(a.jti, b.jti) }
 
     public func hash(into hasher: inout Hasher) {
         var issuer = issuer

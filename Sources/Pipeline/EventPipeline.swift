@@ -43,8 +43,6 @@ public struct EventPipeline: Sendable {
     /// that wait, not the disk, bounded the intake.
     public let maximumWritesInFlight: Int
 
-    public static let defaultMaximumKeyWait: Duration = .seconds(86_400)
-
     public init(processor: EventProcessor, maximumWaitingForKeys: Int = 10_000, maximumKeyWait: Duration? = nil,
                 maximumUnwritten: Int = 16_384, maximumWrite: Int = 1024, maximumWriteWhileActing: Int = 96,
                 maximumWritesInFlight: Int = 4) {

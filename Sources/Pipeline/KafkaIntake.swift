@@ -37,7 +37,7 @@ public final class KafkaIntake: Service {
     }
 
     public convenience init(consumer: KafkaConsumer, processor: EventProcessor,
-                            maximumKeyWait: Duration? = EventPipeline.defaultMaximumKeyWait, metrics: WardenMetrics, logger: Logger,
+                            maximumKeyWait: Duration?, metrics: WardenMetrics, logger: Logger,
                             arrivalWindow: Double = 0) {
         self.init(consumer: consumer, pipeline: EventPipeline(processor: processor, maximumKeyWait: maximumKeyWait), metrics: metrics,
                   logger: logger, arrivalWindow: arrivalWindow)

@@ -47,7 +47,7 @@ struct ReplayFinding: Sendable {
     var applied: String?
     /// For an event that lifts a restriction: its subject's JSON text and `iat`, to find a
     /// later event of the subject before acting on it.
-    var restoring: (subject: String?, issuedAt: Double)?
+    var restoring: (subject: String, issuedAt: Double)?
 
     /// One line of the JSON Lines report.
     var reportLine: String {
@@ -126,11 +126,10 @@ final class Replayer {
         /// The step kinds today's policy plans for it.
         var planned: [String]
         var issuedAt: Double
-        /// Its subject's JSON text, as the ledger keeps it.
-        var subject: String?
-        /// Whether it lifts a restriction (`account-enabled`): acted on after a later event of
-        /// its subject, it would undo that one.
-        var restoresAccess: Bool
+        /// For a token that lifts a restriction (`account-enabled`), which acted on after a later
+        /// event of its subject would undo that one: its subject's JSON text, as the ledger
+        /// keeps it, and its `iat`.
+        var restoring: (subject: String, issuedAt: Double)?
     }
 
     /// Event types whose steps lift what earlier ones imposed: applied out of order, they undo
@@ -152,12 +151,11 @@ final class Replayer {
             case .success(let verified):
                 let token = verified.token
                 // The kinds only: no subject lookup is made (a dry run touches no target).
+                let lifts = token.events.contains { (event: SecurityEvent) in restoringTypes.contains(event.type.canonical?.uri ?? event.type.uri) }
                 return .valid(Valid(issuer: token.issuer, jti: token.jti, types: token.events.map { $0.type.name },
                                     planned: planner.plan(token, subject: .user("-")).steps.map { $0.action.kind },
-                                    issuedAt: token.issuedAt, subject: token.primarySubject?.jsonText,
-                                    restoresAccess: token.events.contains { (event: SecurityEvent) in
-                                        restoringTypes.contains(event.type.definition?.canonicalURI ?? event.type.uri)
-                                    }))
+                                    issuedAt: token.issuedAt,
+                                    restoring: lifts ? token.primarySubject.map { ($0.jsonText, token.issuedAt) } : nil))
             case .failure(let error):
                 return .invalid(error)
             }
@@ -210,7 +208,7 @@ final class Replayer {
                 var finding = ReplayFinding(position: entry.position, jti: valid.jti, issuer: valid.issuer, valid: true,
                                             types: valid.types, status: first ? .ok : .duplicate,
                                             planned: valid.planned, time: entry.receivedAt ?? valid.issuedAt)
-                if valid.restoresAccess { finding.restoring = (valid.subject, valid.issuedAt) }
+                finding.restoring = valid.restoring
                 findings.append(finding)
                 if first { lookups.append(EventKey(issuer: valid.issuer, jti: valid.jti)) }
             }
@@ -272,7 +270,7 @@ final class Replayer {
             case .neverProcessed, .verdictChanged:
                 // Lifting a restriction after a later event of the subject would undo that one:
                 // left to the operator, a discrepancy still.
-                if let (subject, issuedAt) = findings[i].restoring, let subject, let issuer = findings[i].issuer,
+                if let (subject, issuedAt) = findings[i].restoring, let issuer = findings[i].issuer,
                    let later = try await ledger.laterEvent(issuer: issuer, subject: subject, issuedAfter: issuedAt) {
                     findings[i].applied = "not applied: it lifts a restriction, and ledger event \(later) of its subject came after it"
                     statistics.unrepaired += 1
