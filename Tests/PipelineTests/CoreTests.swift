@@ -143,10 +143,7 @@ struct CoreTests {
     /// the refusal is this receiver's, and a 400 would have the sender drop a genuine SET.
     @Test func aPushedSETWhoseLookupIsRefusedIsAnsweredTryAgainLater() async throws {
         let world = World(resolver: RefusingResolver(refused: "u-refused"))
-        // Long: these tests are about leases and resume passes, not the answer's deadline, and
-        // on a machine busy with every other suite a push's verification (on threads beneath
-        // the rest in priority) took more than 5 s in a full CI run.
-        let destination = LedgerPushDestination(answerWithin: .seconds(60))
+        let destination = LedgerPushDestination(answerWithin: CoreTests.pushAnswerWithin)
         let running = Task { await world.pipeline.run(destination.records) }
         var pushed = Self.token(Self.issuerA, "u-refused", jti: "pushed-refused", key: Self.keyA)
         pushed.receivedAt = Date().timeIntervalSince1970
@@ -232,10 +229,7 @@ struct CoreTests {
     /// passes every 200 ms) or, `resuming: false`, the pipeline alone.
     final class PushReplica: Sendable {
         let world: World
-        // Long: these tests are about leases and resume passes, not the answer's deadline, and
-        // on a machine busy with every other suite a push's verification (on threads beneath
-        // the rest in priority) took more than 5 s in a full CI run.
-        let destination = LedgerPushDestination(answerWithin: .seconds(60))
+        let destination = LedgerPushDestination(answerWithin: CoreTests.pushAnswerWithin)
         private let running: Task<Void, Never>
 
         init(_ world: World, resuming: Bool) {
@@ -260,6 +254,11 @@ struct CoreTests {
             await running.value
         }
     }
+
+    /// How long a push waits for its answer in these tests, none of which is about that
+    /// deadline: long, because on a machine busy with every other suite a push's verification
+    /// (on threads beneath the rest in priority) took more than 5 s in a full CI run.
+    static let pushAnswerWithin: Duration = .seconds(60)
 
     /// Two replicas on one ledger, each with its own lease length.
     static func replicas(lease a: Duration, _ b: Duration,
@@ -368,10 +367,7 @@ struct CoreTests {
                                 subject: nil, keyID: "a1", algorithm: "RS256", keyThumbprint: "t", issuedAt: 0,
                                 receivedAt: Date().timeIntervalSince1970 - 10)
         _ = try await world.ledger.claim(event, outcome: .pending, steps: [OutboxStep(index: 0, kind: "purge-set", action: "{}")])
-        // Long: these tests are about leases and resume passes, not the answer's deadline, and
-        // on a machine busy with every other suite a push's verification (on threads beneath
-        // the rest in priority) took more than 5 s in a full CI run.
-        let destination = LedgerPushDestination(answerWithin: .seconds(60))
+        let destination = LedgerPushDestination(answerWithin: CoreTests.pushAnswerWithin)
         let intake = Task { await PushIntake(destination: destination, pipeline: world.pipeline, resumeEvery: .milliseconds(100)).run() }
         #expect(await eventually { world.ledger.rejections.count >= 1 })
         try await Task.sleep(for: .seconds(1.5))
@@ -386,10 +382,7 @@ struct CoreTests {
     @Test func pushesAreAnsweredWhileWhatWasLeftCannotBeRead() async throws {
         let world = World()
         world.ledger.state.withLock { $0.pendingReadsFail = true }
-        // Long: these tests are about leases and resume passes, not the answer's deadline, and
-        // on a machine busy with every other suite a push's verification (on threads beneath
-        // the rest in priority) took more than 5 s in a full CI run.
-        let destination = LedgerPushDestination(answerWithin: .seconds(60))
+        let destination = LedgerPushDestination(answerWithin: CoreTests.pushAnswerWithin)
         let intake = Task { await PushIntake(destination: destination, pipeline: world.pipeline).run() }
         var message = Self.token(Self.issuerA, "u4", jti: "while-unreadable", key: Self.keyA)
         message.receivedAt = Date().timeIntervalSince1970

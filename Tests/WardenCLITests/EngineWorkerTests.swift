@@ -302,12 +302,7 @@ extension EngineWorkerTests {
 extension EngineWorkerTests {
     /// A worker whose policy notifies the webhook at `hooks`' `/hook` of every sessions-revoked event.
     static func notifying(_ hooks: KeyServer) throws -> WorkerTests.Setup {
-        try WorkerTests.Setup(extra: """
-            targets:
-              app: {webhook: {url: "\(hooks.url("/hook"))", hmac-secret: k}}
-            policy:
-              sessions-revoked: [{notify: {target: app}}]
-            """)
+        try WorkerTests.Setup(extra: WorkerTests.notifyPolicy(hook: hooks.url("/hook")))
     }
 
     @Test func aRedeliveryWhileTheFirstDeliveryStillActsDoesNotRepeatItsSteps() async throws {

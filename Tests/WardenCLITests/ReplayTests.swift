@@ -394,14 +394,7 @@ struct AuditExportTests {
         hooks.serve("/hook", .init(body: "", status: 200))
         let (directory, config, path) = try Self.ledgerFolder()
         defer { try? FileManager.default.removeItem(at: directory) }
-        let text = try String(contentsOf: config, encoding: .utf8) + """
-            targets:
-              app: {webhook: {url: "\(hooks.url("/hook"))", hmac-secret: test-secret}}
-            policy:
-              sessions-revoked:
-                - notify: {target: app}
-
-            """
+        let text = try String(contentsOf: config, encoding: .utf8) + WorkerTests.notifyPolicy(hook: hooks.url("/hook")) + "\n"
         try text.write(to: config, atomically: true, encoding: .utf8)
         await (try SQLiteLedger(path: path)).close()
         let log = directory.appendingPathComponent("events.log")

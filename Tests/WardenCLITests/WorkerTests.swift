@@ -122,7 +122,6 @@ struct WorkerTests {
         throw CancellationError()
     }
 
-    /// The value of one sample in Prometheus text.
     /// Targets and policy for a configuration: every sessions-revoked event notifies a webhook.
     static func notifyPolicy(hook: String) -> String {
         """
@@ -134,6 +133,7 @@ struct WorkerTests {
         """
     }
 
+    /// The value of one sample in Prometheus text.
     static func metric(_ text: String, _ name: String) -> Double? {
         for line in text.split(separator: "\n") where line.hasPrefix(name + " ") {
             return Double(line.dropFirst(name.count + 1))
