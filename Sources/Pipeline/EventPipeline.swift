@@ -30,6 +30,12 @@ public struct EventPipeline: Sendable {
     /// ledger and the dead-letter topic, and `warden replay --apply` acts on it once the keys
     /// are back.
     public let maximumKeyWait: Duration?
+    /// For how long after a record arrived its claims (`max-age`, `iat` ahead of the clock) are
+    /// still judged as of its arrival when it is verified again after waiting for its issuer's
+    /// keys (`KafkaIntake.arrivalWindow`: while the ledger must still hold the claim of any copy
+    /// acted on before); 0: judged when verified again. A genuine revocation must not turn too
+    /// old for `max-age` only because its issuer's keys could not be had for a while.
+    public let arrivalWindow: Double
     /// Verified records that may wait for the ledger at once; verification pauses beyond it.
     public let maximumUnwritten: Int
     /// Most records one ledger write holds.
@@ -44,11 +50,12 @@ public struct EventPipeline: Sendable {
     public let maximumWritesInFlight: Int
 
     public init(processor: EventProcessor, maximumWaitingForKeys: Int = 10_000, maximumKeyWait: Duration? = nil,
-                maximumUnwritten: Int = 16_384, maximumWrite: Int = 1024, maximumWriteWhileActing: Int = 96,
+                arrivalWindow: Double = 0, maximumUnwritten: Int = 16_384, maximumWrite: Int = 1024, maximumWriteWhileActing: Int = 96,
                 maximumWritesInFlight: Int = 4) {
         self.processor = processor
         self.maximumWaitingForKeys = maximumWaitingForKeys
         self.maximumKeyWait = maximumKeyWait
+        self.arrivalWindow = arrivalWindow
         self.maximumUnwritten = maximumUnwritten
         self.maximumWrite = maximumWrite
         self.maximumWriteWhileActing = maximumWriteWhileActing
@@ -65,7 +72,7 @@ public struct EventPipeline: Sendable {
         let maximumWriteWhileActing = max(1, min(self.maximumWriteWhileActing, maximumWrite))
         let writeQueue = BatchQueue<EventProcessor.Admitted>(limit: maximumUnwritten)
         let checkedQueue = BatchQueue<EventProcessor.Checked>(limit: 1)
-        let waiting = WaitingRoom(limit: maximumWaitingForKeys, maximumWait: maximumKeyWait)
+        let waiting = WaitingRoom(limit: maximumWaitingForKeys, maximumWait: maximumKeyWait, arrivalWindow: arrivalWindow)
         let lanes = SubjectLanes()
         await withTaskGroup(of: Void.self) { group in
             // Verification runs one batch ahead of admission, so the cores are not left to one
@@ -270,9 +277,13 @@ final class WaitingRoom: Sendable {
     /// How long a record may wait for its keys before it is refused; nil: no limit.
     let maximumWait: Duration?
 
-    init(limit: Int, maximumWait: Duration? = nil) {
+    /// See `EventPipeline.arrivalWindow`.
+    let arrivalWindow: Double
+
+    init(limit: Int, maximumWait: Duration? = nil, arrivalWindow: Double = 0) {
         self.limit = max(1, limit)
         self.maximumWait = maximumWait
+        self.arrivalWindow = arrivalWindow
     }
 
     var count: Int { state.withLock { $0.count } }
@@ -439,7 +450,7 @@ final class WaitingRoom: Sendable {
             }
             var changed = false
             for entry in waiting {
-                var again = await processor.checkAgain(entry.checked)
+                var again = await processor.checkAgain(entry.checked, arrivalWindow: arrivalWindow)
                 if again.waitingLane != nil, let maximumWait, entry.since.duration(to: .now) >= maximumWait,
                    let refused = await giveUp(again, after: maximumWait, processor: processor) {
                     again = refused

@@ -127,9 +127,15 @@ public struct EventProcessor: Sendable {
         return zip(records, results).map { Checked(record: $0, result: $1) }
     }
 
-    /// Verifies a record again (one that waited for its issuer's keys).
-    func checkAgain(_ checked: Checked) async -> Checked {
-        Checked(record: checked.record, result: await verify(checked.record.message))
+    /// Verifies a record again (one that waited for its issuer's keys): a record whose claims
+    /// are judged now is judged as of its arrival instead, if that is at most `arrivalWindow`
+    /// seconds ago (see `EventPipeline.arrivalWindow`).
+    func checkAgain(_ checked: Checked, arrivalWindow: Double = 0) async -> Checked {
+        var message = checked.record.message
+        if case .now = message.claimsTime, arrivalWindow > 0, Date().timeIntervalSince1970 - message.receivedAt <= arrivalWindow {
+            message.claimsTime = .at(message.receivedAt)
+        }
+        return Checked(record: checked.record, result: await verify(message))
     }
 
     /// Admission: resolves and plans each verified record, dead-letters each invalid one, and

@@ -39,8 +39,8 @@ public final class KafkaIntake: Service {
     public convenience init(consumer: KafkaConsumer, processor: EventProcessor,
                             maximumKeyWait: Duration?, metrics: WardenMetrics, logger: Logger,
                             arrivalWindow: Double = 0) {
-        self.init(consumer: consumer, pipeline: EventPipeline(processor: processor, maximumKeyWait: maximumKeyWait), metrics: metrics,
-                  logger: logger, arrivalWindow: arrivalWindow)
+        self.init(consumer: consumer, pipeline: EventPipeline(processor: processor, maximumKeyWait: maximumKeyWait, arrivalWindow: arrivalWindow),
+                  metrics: metrics, logger: logger, arrivalWindow: arrivalWindow)
     }
 
     /// The longest `arrivalWindow` that is safe for these issuers and this retention. A SET the

@@ -50,14 +50,15 @@ struct CoreTests {
 
         /// A process; `ledger` shared with another one, when given.
         init(ledger: MemoryLedger = MemoryLedger(), steps: StepRunner.Configuration = .init(),
-             metrics: any MetricsFactory = NOOPMetricsHandler.instance, resolver: any SubjectResolver = IdentityResolver()) {
+             metrics: any MetricsFactory = NOOPMetricsHandler.instance, resolver: any SubjectResolver = IdentityResolver(),
+             maximumAge: Double? = nil) {
             self.ledger = ledger
             let offset = clockOffset
             let clock = WallClock { Date().timeIntervalSince1970 + offset.seconds.withLock { $0 } }
             let policyA = IssuerPolicy(issuer: CoreTests.issuerA, keySource: .pinned(document: Array(SETMinter.jwks([CoreTests.keyA]).utf8), origin: "test"),
                                        audiences: [CoreTests.audience], profile: .risc)
             var policyB = IssuerPolicy(issuer: CoreTests.issuerB, keySource: .jwks(URL(string: "https://b.example/jwks")!),
-                                       audiences: [CoreTests.audience], profile: .risc)
+                                       audiences: [CoreTests.audience], profile: .risc, maximumAge: maximumAge)
             policyB.keyCache.failureRetryInterval = 0
             policyB.keyCache.unknownKeyCooldown = 0
             let cacheA = IssuerKeyCache(issuer: CoreTests.issuerA, source: policyA.keySource, settings: policyA.keyCache,
@@ -546,6 +547,48 @@ struct CoreTests {
         registry.emit(into: &text)
         let metrics = String(decoding: text, as: UTF8.self)
         #expect(metrics.contains(#"warden_permanent_failures_total{what="keys_unavailable"} 1"#), "\(metrics)")
+    }
+
+    // A token that waited for its issuer's keys is judged as of when it arrived, within the
+    // arrival window: a genuine revocation does not turn too old for `max-age` while its
+    // issuer's keys cannot be had. Past the window it is judged when verified again.
+    @Test(arguments: [(Double.infinity, true), (0, false), (60, false)])
+    func aTokenThatWaitedForItsKeysIsJudgedAsOfItsArrival(window: Double, accepted: Bool) async throws {
+        let world = World(maximumAge: 300)
+        world.fetcherB.document.withLock { $0 = SETMinter.jwks([Self.keyB1]) }
+        world.fetcherB.failing.withLock { $0 = true }
+        let door = HandDoor()
+        let pipeline = EventPipeline(processor: world.processor, arrivalWindow: window)
+        let running = Task { await pipeline.run(door.stream) }
+        var message = Self.token(Self.issuerB, "x", jti: "late-1", key: Self.keyB1)
+        // Arrived two minutes ago (within max-age, outside the 60 s window).
+        message.receivedAt = Date().timeIntervalSince1970 - 120
+        door.feed([message])
+        // Its keys are tried again, and again...
+        #expect(await eventually { world.fetcherB.threads.withLock { $0.count } >= 3 })
+        #expect(door.disposition(0) == nil, "waiting for its keys")
+        // ...for an hour: the token is now older than max-age; then its keys are back.
+        world.clockOffset.seconds.withLock { $0 = 3600 }
+        world.fetcherB.failing.withLock { $0 = false }
+        let settled = await eventually { door.disposition(0) != nil }
+        #expect(settled)
+        if !settled { world.stop.stop() }
+        door.continuation.finish()
+        await running.value
+        if accepted {
+            guard case .recorded = door.disposition(0) else {
+                Issue.record("\(String(describing: door.disposition(0)))")
+                return
+            }
+            #expect(world.ledger.event("late-1")?.outcome == .processed)
+        } else {
+            guard case .rejected(let code, let description) = door.disposition(0) else {
+                Issue.record("\(String(describing: door.disposition(0)))")
+                return
+            }
+            #expect(code == "invalid_request")
+            #expect(description.contains("maximum age"), "\(description)")
+        }
     }
 
     // While events' steps run, the intake's ledger writes are short, so a step's outcome
