@@ -549,6 +549,31 @@ struct CoreTests {
         #expect(metrics.contains(#"warden_permanent_failures_total{what="keys_unavailable"} 1"#), "\(metrics)")
     }
 
+    // A record its door took back (its Kafka partition went to another member, which reads it
+    // again) is never given up for keys: the refusal would be recorded and dead-lettered by a
+    // process that no longer owns it, while the new owner may still verify it.
+    @Test func aWaitingTokenItsDoorTookBackIsNotGivenUp() async throws {
+        let world = World()
+        world.fetcherB.failing.withLock { $0 = true }
+        let door = HandDoor()
+        let pipeline = EventPipeline(processor: world.processor, maximumKeyWait: .milliseconds(100))
+        let running = Task { await pipeline.run(door.stream) }
+        door.feed([Self.token(Self.issuerB, "x", jti: "x-1", key: Self.keyB1)])
+        #expect(await eventually { world.fetcherB.threads.withLock { $0.count } >= 2 })
+        door.takenBack.withLock { _ = $0.insert(0) }
+        let fetched = world.fetcherB.threads.withLock { $0.count }
+        // Tried again and again, well past the limit (each round backs off 10–50 ms).
+        #expect(await eventually { world.fetcherB.threads.withLock { $0.count } >= fetched + 10 })
+        #expect(door.disposition(0) == nil)
+        #expect(world.ledger.rejections.isEmpty)
+        #expect(world.deadLetters.sent.withLock { $0.isEmpty })
+        world.stop.stop()
+        door.continuation.finish()
+        await running.value
+        #expect(door.disposition(0) == .abandoned)
+        #expect(world.ledger.rejections.isEmpty)
+    }
+
     // A token that waited for its issuer's keys is judged as of when it arrived, within the
     // arrival window: a genuine revocation does not turn too old for `max-age` while its
     // issuer's keys cannot be had. Past the window it is judged when verified again.
