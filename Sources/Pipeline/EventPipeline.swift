@@ -403,13 +403,7 @@ final class WaitingRoom: Sendable {
         let acknowledgement = checked.record.acknowledgement
         guard acknowledgement.beginAction() else { return nil }
         acknowledgement.endAction()
-        let token = Array(trimmedASCIIWhitespace(checked.record.message.value))
-        let claimed = UnverifiedClaims(token)
-        if let issuer = claimed.issuer, let jti = claimed.jti, let ledger = processor.ledger as? any AuditingLedger {
-            let key = EventKey(issuer: issuer, jti: jti)
-            guard let states = try? await ledger.eventStates([key]) else { return nil }
-            if let state = states[key], state.tokenSHA256 == AuditChain.sha256Hex(token) { return nil }
-        }
+        guard let stored = try? await processor.storedEvents(holding: [checked.record.message]), stored.isEmpty else { return nil }
         let reason = if case .failure(let error) = checked.result { error.description } else { "" }
         processor.logger.error("issuer keys unavailable for too long; the message is refused and dead-lettered", metadata: [
             "warden.source": "\(checked.record.message.source)", "warden.reason": "\(reason)", "warden.waited": "\(Self.words(wait))",

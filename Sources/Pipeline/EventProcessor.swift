@@ -123,8 +123,58 @@ public struct EventProcessor: Sendable {
 
     /// Verifies every record of the batch, on every core.
     public func check(_ records: [IntakeRecord]) async -> [Checked] {
-        let results = await verifyAll(records.map(\.message))
+        var results = await verifyAll(records.map(\.message))
+        await judgeStoredTokensAsOfTheirArrival(records.map(\.message), &results)
         return zip(records, results).map { Checked(record: $0, result: $1) }
+    }
+
+    /// A token refused only for its age (`max-age`, a logout token's `exp`) whose very bytes the
+    /// ledger holds as an event is a redelivery of one accepted when it first arrived: a Kafka
+    /// message read again after a crash or a long stop, a transmitter's retry of a push whose
+    /// answer was lost. It is verified again with its claims judged as of that first arrival, as
+    /// a resumed event is, and goes on as that event's duplicate (its pending steps, if any,
+    /// run). Refused, its steps would be left with nothing to run them, and its sender told a
+    /// SET Warden acted on was refused. A token the ledger does not hold, or holds other bytes
+    /// under its (issuer, jti), stays refused; so does every token when the ledger cannot say.
+    private func judgeStoredTokensAsOfTheirArrival(_ messages: [IntakeMessage], _ results: inout [Result<Verified, VerificationError>]) async {
+        let aged = results.indices.filter {
+            guard case .failure(let error) = results[$0] else { return false }
+            return error.kind == .tooOld || error.kind == .expired
+        }
+        guard !aged.isEmpty, case .done(let stored) = await attempting("ledger", { try await storedEvents(holding: aged.map { messages[$0] }) })
+        else { return }
+        for (j, state) in stored {
+            let i = aged[j]
+            var message = messages[i]
+            message.claimsTime = .at(state.receivedAt)
+            results[i] = await verify(message)
+            if case .success = results[i] {
+                logger.info("a token the ledger holds, redelivered past its age limit, is judged as of its first arrival", metadata: [
+                    "warden.source": "\(message.source)", "warden.event": "\(state.id)",
+                ])
+            }
+        }
+    }
+
+    /// The events the ledger holds whose stored token is the very value of one of `messages`
+    /// (less surrounding whitespace; found by issuer and jti, read unverified, and compared by
+    /// SHA-256), by the message's index; none without a ledger that can say.
+    func storedEvents(holding messages: [IntakeMessage]) async throws(LedgerError) -> [Int: EventState] {
+        guard let ledger = ledger as? any AuditingLedger else { return [:] }
+        var wanted: [(i: Int, key: EventKey, digest: String)] = []
+        for (i, message) in messages.enumerated() {
+            let token = Array(trimmedASCIIWhitespace(message.value))
+            let claimed = UnverifiedClaims(token)
+            guard let issuer = claimed.issuer, let jti = claimed.jti else { continue }
+            wanted.append((i, EventKey(issuer: issuer, jti: jti), AuditChain.sha256Hex(token)))
+        }
+        guard !wanted.isEmpty else { return [:] }
+        let states = try await ledger.eventStates(wanted.map(\.key))
+        var found: [Int: EventState] = [:]
+        for (i, key, digest) in wanted {
+            if let state = states[key], state.tokenSHA256 == digest { found[i] = state }
+        }
+        return found
     }
 
     /// Verifies a record again (one that waited for its issuer's keys): a record whose claims

@@ -48,15 +48,16 @@ struct CoreTests {
         let stop = StopSignal()
         let processor: EventProcessor
 
-        /// A process; `ledger` shared with another one, when given.
+        /// A process; `ledger` shared with another one, when given; `realLedger` in place of
+        /// the fake, when given (`ledger` is then unused).
         init(ledger: MemoryLedger = MemoryLedger(), steps: StepRunner.Configuration = .init(),
              metrics: any MetricsFactory = NOOPMetricsHandler.instance, resolver: any SubjectResolver = IdentityResolver(),
-             maximumAge: Double? = nil) {
+             maximumAge: Double? = nil, realLedger: (any Ledger)? = nil) {
             self.ledger = ledger
             let offset = clockOffset
             let clock = WallClock { Date().timeIntervalSince1970 + offset.seconds.withLock { $0 } }
             let policyA = IssuerPolicy(issuer: CoreTests.issuerA, keySource: .pinned(document: Array(SETMinter.jwks([CoreTests.keyA]).utf8), origin: "test"),
-                                       audiences: [CoreTests.audience], profile: .risc)
+                                       audiences: [CoreTests.audience], profile: .risc, maximumAge: maximumAge)
             var policyB = IssuerPolicy(issuer: CoreTests.issuerB, keySource: .jwks(URL(string: "https://b.example/jwks")!),
                                        audiences: [CoreTests.audience], profile: .risc, maximumAge: maximumAge)
             policyB.keyCache.failureRetryInterval = 0
@@ -67,7 +68,7 @@ struct CoreTests {
                                         fetcher: fetcherB, clock: clock, logger: CoreTests.logger)
             let verifier = SETVerifier(issuers: [.init(policy: policyA, keys: cacheA), .init(policy: policyB, keys: cacheB)], clock: clock)
             self.processor = EventProcessor(
-                verifier: verifier, ledger: ledger, deadLetters: deadLetters, metrics: WardenMetrics(factory: metrics),
+                verifier: verifier, ledger: realLedger ?? ledger, deadLetters: deadLetters, metrics: WardenMetrics(factory: metrics),
                 logger: CoreTests.logger, stop: stop,
                 engine: InvalidationEngine(planner: Planner(policy: CoreTests.policy), resolver: resolver, executor: executor),
                 configuration: .init(retry: .init(initialBackoff: .milliseconds(10), maximumBackoff: .milliseconds(50)), steps: steps))
@@ -547,6 +548,47 @@ struct CoreTests {
         registry.emit(into: &text)
         let metrics = String(decoding: text, as: UTF8.self)
         #expect(metrics.contains(#"warden_permanent_failures_total{what="keys_unavailable"} 1"#), "\(metrics)")
+    }
+
+    // A token the ledger holds, delivered again once older than max-age (a Kafka message read
+    // again after a long stop, a push retried after its answer was lost), is that event's
+    // duplicate, judged as of its first arrival; a token signed anew under the same jti, or one
+    // the ledger never held, is still refused as too old.
+    @Test func aStoredTokenDeliveredAgainPastItsMaximumAgeIsADuplicate() async throws {
+        let path = Scratch.path("redelivered-past-max-age", extension: "sqlite")
+        let ledger = try SQLiteLedger(path: path)
+        let world = World(maximumAge: 300, realLedger: ledger)
+        let door = HandDoor()
+        let running = Task { await world.pipeline.run(door.stream) }
+        let first = Self.token(Self.issuerA, "u", jti: "again-1", key: Self.keyA)
+        var copy = first
+        copy.receivedAt = Date().timeIntervalSince1970
+        door.feed([copy])
+        #expect(await eventually { door.disposition(0) != nil })
+        guard case .recorded(let eventID, _) = door.disposition(0) else {
+            Issue.record("first delivery: \(String(describing: door.disposition(0)))")
+            door.continuation.finish()
+            await running.value
+            return
+        }
+        // An hour later: the same bytes; other claims signed under the same jti; a token the
+        // ledger never saw.
+        world.clockOffset.seconds.withLock { $0 = 3600 }
+        door.feed([first, Self.token(Self.issuerA, "v", jti: "again-1", key: Self.keyA), Self.token(Self.issuerA, "u", jti: "never-seen", key: Self.keyA)])
+        #expect(await eventually { door.disposition(3) != nil })
+        door.continuation.finish()
+        await running.value
+        #expect(door.disposition(1) == .duplicate(eventID: eventID))
+        for i in [2, 3] {
+            guard case .rejected(let code, let description) = door.disposition(i) else {
+                Issue.record("\(i): \(String(describing: door.disposition(i)))")
+                continue
+            }
+            #expect(code == "invalid_request")
+            #expect(description.contains("maximum age"), "\(description)")
+        }
+        #expect(world.deadLetters.sent.withLock { $0.count } == 2)
+        await ledger.close()
     }
 
     // A record its door took back (its Kafka partition went to another member, which reads it
