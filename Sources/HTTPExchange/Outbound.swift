@@ -1,10 +1,31 @@
-import Foundation
+public import Foundation
 public import AsyncHTTPClient
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)
 import Darwin
 #endif
+
+/// A URL's text as logs and errors show it, parsed or not (a configured value refused): what
+/// may be a user and password (before an `@` in the authority) is left out, and the query and
+/// fragment (a `?token=…`, an `?api_key=…`) are only said to be there.
+public func shownURL(_ text: String) -> String {
+    var rest = Substring(text)
+    var hidden = ""
+    if let end = rest.firstIndex(where: { $0 == "?" || $0 == "#" }) {
+        hidden = rest[end] == "?" ? "?…" : ""
+        rest = rest[..<end]
+    }
+    let authorityStart = rest.range(of: "://")?.upperBound ?? rest.startIndex
+    let authority = rest[authorityStart...].prefix { $0 != "/" }
+    if let at = authority.lastIndex(of: "@") {
+        rest = rest[..<authorityStart] + rest[rest.index(after: at)...]
+    }
+    return String(rest.prefix(200)) + hidden
+}
+
+/// `shownURL` of a parsed URL.
+public func shownURL(_ url: URL) -> String { shownURL(url.absoluteString) }
 
 /// What sends an outgoing request and reads its whole answer: a plain `HTTPClient`, or
 /// `OutboundHTTP`, which chooses a direct or a proxied client by each request's host.

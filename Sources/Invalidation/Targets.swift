@@ -1,6 +1,7 @@
 public import Foundation
 public import Redis
 import DatabaseLocations
+import HTTPExchange
 
 extension RedisConnectionSettings {
     /// Parses `redis://[user[:password]@]host[:port][/database]` (or `rediss://…` for TLS, with
@@ -99,25 +100,10 @@ public enum TargetSettings: Sendable, Hashable {
 
     /// A URL as shown: without a user and password, and with its query (a webhook's
     /// `?token=…`) only said to be there.
-    static func shown(_ url: URL) -> String { shown(text: url.absoluteString) }
+    static func shown(_ url: URL) -> String { shownURL(url) }
 
-    /// A URL's text as shown, parsed or not (a configured value refused): what may be a user
-    /// and password (before an `@` in the authority) is left out, and the query and fragment
-    /// are only said to be there.
-    public static func shown(text: String) -> String {
-        var rest = Substring(text)
-        var hidden = ""
-        if let end = rest.firstIndex(where: { $0 == "?" || $0 == "#" }) {
-            hidden = rest[end] == "?" ? "?…" : ""
-            rest = rest[..<end]
-        }
-        let authorityStart = rest.range(of: "://")?.upperBound ?? rest.startIndex
-        let authority = rest[authorityStart...].prefix { $0 != "/" }
-        if let at = authority.lastIndex(of: "@") {
-            rest = rest[..<authorityStart] + rest[rest.index(after: at)...]
-        }
-        return String(rest.prefix(200)) + hidden
-    }
+    /// A URL's text as shown (`shownURL`).
+    public static func shown(text: String) -> String { shownURL(text) }
 
     /// One line for `check-config` and logs, without secrets.
     public var summary: String {

@@ -133,15 +133,26 @@ public struct KeySet: Sendable {
             throw KeySetError(message: "the JWKS has no \"keys\" array")
         }
         var set = KeySet()
+        // Key ids whose entry so far is a key not meant for verifying signatures (`use` other
+        // than `sig`, `key_ops` without `verify`): a provider may publish its encryption key
+        // under the id of its signing key. Such a key gives way to a signing key of the same id
+        // and never makes it ambiguous; two signing keys under one id do.
+        var notForSignatures: Set<String> = []
         for (index, item) in keys.enumerated() {
             guard let jwk = item.objectValue else { continue }
             guard let kid = jwk["kid"]?.stringValue, !kid.isEmpty, kid.utf8.count <= maximumKeyIDLength else {
                 set.keysWithoutID += 1
                 continue
             }
+            let forSignatures = isForSignatures(jwk)
             if set.entries[kid] != nil {
-                set.entries[kid] = .unusable(keyID: kid, reason: "the JWKS lists the key id \(quoted(kid)) more than once")
-                continue
+                if !forSignatures { continue }
+                if notForSignatures.remove(kid) == nil {
+                    set.entries[kid] = .unusable(keyID: kid, reason: "the JWKS lists the key id \(quoted(kid)) more than once")
+                    continue
+                }
+            } else if !forSignatures {
+                notForSignatures.insert(kid)
             }
             switch makeKey(jwk, keyID: kid) {
             case .success(let key): set.entries[kid] = .usable(key)
@@ -149,6 +160,14 @@ public struct KeySet: Sendable {
             }
         }
         return set
+    }
+
+    /// Whether a JWK may be meant for verifying signatures: its `use`, if any, is `sig`, and its
+    /// `key_ops`, if any, include `verify`.
+    static func isForSignatures(_ jwk: JSONObject) -> Bool {
+        if let use = jwk["use"], use.stringValue != "sig" { return false }
+        if let ops = jwk["key_ops"], ops.arrayValue?.contains(.string("verify")) != true { return false }
+        return true
     }
 
     /// Builds one key from its JWK members.

@@ -46,7 +46,7 @@ public struct HTTPKeyFetcher: KeyDocumentFetching {
 
     public func fetch(_ url: URL, timeout: Double, maximumBytes: Int) async throws -> FetchedDocument {
         guard URLRule.isAcceptableForKeys(url) else {
-            throw KeyFetchError("refusing to fetch \(url.absoluteString): keys and metadata are fetched over https (http only on loopback)")
+            throw KeyFetchError("refusing to fetch \(shownURL(url)): keys and metadata are fetched over https (http only on loopback)")
         }
         var request = HTTPClientRequest(url: url.absoluteString)
         request.headers.add(name: "Accept", value: "application/json")
@@ -55,10 +55,10 @@ public struct HTTPKeyFetcher: KeyDocumentFetching {
         do {
             exchange = try await client.exchange(request, timeout: timeout, maximumBodyBytes: maximumBytes)
         } catch {
-            throw KeyFetchError("GET \(url.absoluteString) failed: \(error)")
+            throw KeyFetchError("GET \(shownURL(url)) failed: \(error)")
         }
         guard exchange.status == .ok else {
-            throw KeyFetchError("GET \(url.absoluteString) answered \(exchange.status.code)")
+            throw KeyFetchError("GET \(shownURL(url)) answered \(exchange.status.code)")
         }
         return FetchedDocument(body: Array(exchange.body.readableBytesView),
                                maxAge: CacheControl.maxAge(exchange.headers["Cache-Control"]))
@@ -224,13 +224,13 @@ public actor IssuerKeyCache {
             do {
                 keys = try KeySet.parse(jwks: document.body)
             } catch {
-                throw KeyFetchError("the JWKS at \(jwksURL.absoluteString) is unusable: \(error)")
+                throw KeyFetchError("the JWKS at \(shownURL(jwksURL)) is unusable: \(error)")
             }
             guard !keys.usableKeys.isEmpty else {
                 let reasons = keys.entries.values.compactMap { entry -> String? in
                     if case .unusable(_, let reason) = entry { return reason } else { return nil }
                 }
-                throw KeyFetchError("the JWKS at \(jwksURL.absoluteString) has no usable key"
+                throw KeyFetchError("the JWKS at \(shownURL(jwksURL)) has no usable key"
                                     + (reasons.isEmpty ? "" : " (\(reasons.prefix(3).joined(separator: "; ")))"))
             }
             let now = clock.now()
@@ -291,16 +291,16 @@ public actor IssuerKeyCache {
                 }
                 metadata = object
             } catch {
-                throw KeyFetchError("the discovery document at \(discoveryURL.absoluteString) is not valid JSON: \(error)")
+                throw KeyFetchError("the discovery document at \(shownURL(discoveryURL)) is not valid JSON: \(error)")
             }
             guard let documentIssuer = metadata["issuer"]?.stringValue else {
-                throw KeyFetchError("the discovery document at \(discoveryURL.absoluteString) has no \"issuer\"")
+                throw KeyFetchError("the discovery document at \(shownURL(discoveryURL)) has no \"issuer\"")
             }
-            guard documentIssuer == issuer else {
-                throw KeyFetchError("the discovery document at \(discoveryURL.absoluteString) names the issuer \(quoted(documentIssuer)), not the configured \(quoted(issuer)); its keys are not used")
+            guard sameName(documentIssuer, issuer) else {
+                throw KeyFetchError("the discovery document at \(shownURL(discoveryURL)) names the issuer \(quoted(documentIssuer)), not the configured \(quoted(issuer)); its keys are not used")
             }
             guard let jwksText = metadata["jwks_uri"]?.stringValue, let jwksURL = URL(string: jwksText) else {
-                throw KeyFetchError("the discovery document at \(discoveryURL.absoluteString) has no usable \"jwks_uri\"")
+                throw KeyFetchError("the discovery document at \(shownURL(discoveryURL)) has no usable \"jwks_uri\"")
             }
             guard URLRule.isAcceptableForKeys(jwksURL) else {
                 throw KeyFetchError("the discovery document's jwks_uri \(jwksText) is not https")

@@ -65,11 +65,22 @@ public struct VerificationError: Error, Sendable, Equatable, CustomStringConvert
         // A description may quote what an attacker wrote (an event URI, a member name). It goes
         // to logs, dead-letter headers and the ledger's text columns, so control characters
         // (U+0000 above all, which PostgreSQL's text refuses) are replaced here, once.
-        // C1 characters too (U+009B is CSI): the description may reach a terminal.
-        self.description = hasControlCharacters(description)
-            ? String(description.unicodeScalars.map { isControl($0) ? "?" : Character($0) })
-            : description
+        // C1 characters too (U+009B is CSI): the description may reach a terminal. And it is
+        // cut at `maximumDescriptionScalars`: a signed token may carry tens of kilobytes of
+        // member names or event URIs that a parse error names, and each dead-letter header,
+        // ledger row and log line would repeat them.
+        var text = description
+        if text.unicodeScalars.count > Self.maximumDescriptionScalars {
+            text = String(String.UnicodeScalarView(text.unicodeScalars.prefix(Self.maximumDescriptionScalars))) + "…"
+        }
+        self.description = hasControlCharacters(text)
+            ? String(text.unicodeScalars.map { isControl($0) ? "?" : Character($0) })
+            : text
     }
+
+    /// Longest description kept, in Unicode scalars (a description's own words are a few
+    /// hundred at most).
+    public static let maximumDescriptionScalars = 1000
 
     /// The RFC 8935 code; nil for `keysUnavailable`, which is not a verdict on the token, and
     /// for `keysUnavailableTooLong` (reported `keys_unavailable`): no fault of the token.

@@ -77,6 +77,58 @@ struct KeyCacheTests {
         await s.shutdown()
     }
 
+    // A provider may publish its encryption key under its signing key's id: the signing key
+    // is used whichever comes first. Two signing keys under one id stay ambiguous, refused.
+    @Test func anEncryptionKeyUnderTheSigningKeysIDDoesNotHideIt() async throws {
+        var encryption = Keys.rsaRotated.publicJWK
+        encryption["kid"] = .string(Keys.rsa.keyID)
+        encryption["use"] = "enc"
+        var withoutVerify = Keys.rsaRotated.publicJWK
+        withoutVerify["kid"] = .string(Keys.rsa.keyID)
+        withoutVerify["key_ops"] = .array(["encrypt"])
+        let after = SETMinter.jwks([Keys.rsa], extra: [encryption, withoutVerify])
+        let before = JSONValue.object(["keys": .array([.object(encryption), .object(Keys.rsa.publicJWK)])]).jsonText
+        for document in [after, before] {
+            let set = try KeySet.parse(jwks: Array(document.utf8))
+            guard case .usable = set[Keys.rsa.keyID] else {
+                Issue.record("\(String(describing: set[Keys.rsa.keyID]))")
+                continue
+            }
+        }
+        var twin = Keys.rsaRotated.publicJWK
+        twin["kid"] = .string(Keys.rsa.keyID)
+        let ambiguous = try KeySet.parse(jwks: Array(SETMinter.jwks([Keys.rsa], extra: [encryption, twin]).utf8))
+        guard case .unusable(_, let reason) = ambiguous[Keys.rsa.keyID] else {
+            Issue.record("two signing keys under one id: \(String(describing: ambiguous[Keys.rsa.keyID]))")
+            return
+        }
+        #expect(reason.contains("more than once"))
+        // An encryption key alone under an id still says why it is not used.
+        let alone = try KeySet.parse(jwks: Array(JSONValue.object(["keys": .array([.object(encryption)])]).jsonText.utf8))
+        guard case .unusable(_, let why) = alone[Keys.rsa.keyID] else {
+            Issue.record("\(String(describing: alone[Keys.rsa.keyID]))")
+            return
+        }
+        #expect(why.contains("\"use\""), "\(why)")
+    }
+
+    // A key source URL may carry a credential (a user and password, an `api_key` query): a
+    // failure names the URL without it, in what reaches the ledger, dead letters and logs.
+    @Test func aFailedFetchDoesNotShowTheURLsCredentials() async throws {
+        let s = try await setUp()
+        let secretURL = URL(string: s.server.url("/missing").replacingOccurrences(of: "://", with: "://user:hunter2@") + "?api_key=s3cr3t")!
+        let cache = IssuerKeyCache(issuer: s.issuer, source: .jwks(secretURL), settings: KeyCacheSettings(),
+                                   fetcher: HTTPKeyFetcher(client: s.client), clock: s.clock.wall, logger: Fixture.quietLogger)
+        let policy = IssuerPolicy(issuer: s.issuer, keySource: .jwks(secretURL), audiences: [Fixture.audience])
+        let verifier = SETVerifier(issuers: [.init(policy: policy, keys: cache)], clock: s.clock.wall)
+        let result = await verifier.verify(try token(s))
+        let description = result.error?.description ?? ""
+        #expect(result.error?.kind == .keysUnavailable)
+        #expect(description.contains("/missing?…"), "\(description)")
+        #expect(!description.contains("hunter2") && !description.contains("s3cr3t") && !description.contains("user:"), "\(description)")
+        await s.shutdown()
+    }
+
     @Test func followsKeyRotation() async throws {
         var settings = KeyCacheSettings()
         settings.unknownKeyCooldown = 60

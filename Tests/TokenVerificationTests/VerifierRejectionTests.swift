@@ -523,6 +523,20 @@ struct VerifierRejectionTests {
         #expect(invalid.error?.description.utf8.contains(0) == false)
     }
 
+    // A signed token may carry tens of kilobytes of event URI or member name that a parse
+    // error names: each dead letter, ledger row and log line would repeat it whole.
+    @Test func aLongNameInASignedTokenIsCutInTheDescription() async throws {
+        let long = "urn:x:" + String(repeating: "e", count: 40_000)
+        var event = Fixture.riscClaims(clock)
+        event["events"] = .object([long: .string("not an object")])
+        let invalid = await verifier().verify(try SETMinter.token(claims: event, key: Keys.rsa))
+        #expect(invalid.error?.kind == .invalidEvent)
+        let description = invalid.error?.description ?? ""
+        #expect(description.hasPrefix("the payload of event urn:x:eee"), "\(description.prefix(80))")
+        #expect(description.unicodeScalars.count <= VerificationError.maximumDescriptionScalars + 1)
+        #expect(description.hasSuffix("…"))
+    }
+
     @Test func errorsNeverEchoTheToken() async throws {
         let token = try SETMinter.token(claims: Fixture.riscClaims(clock), key: Keys.rsaRotated)
         let signature = String(token.split(separator: ".")[2])
