@@ -61,6 +61,9 @@ public struct PushReceiver: Sendable {
     let unauthenticatedLimiter: ClientRateLimiter?
     let metrics: WardenMetrics
     let logger: Logger
+    /// SHA-256 of each configured bearer token: a presented token is compared by its digest,
+    /// so the time taken says nothing of a token's length or of where they first differ.
+    let bearerDigests: [[UInt8]]
 
     /// Seconds a sender is told to wait before sending again (`Retry-After` on `503`).
     static let retryAfterSeconds = 5
@@ -72,6 +75,7 @@ public struct PushReceiver: Sendable {
         self.unauthenticatedLimiter = settings.rateLimit.map { ClientRateLimiter(settings: $0) }
         self.metrics = metrics
         self.logger = logger
+        self.bearerDigests = settings.bearerTokens.map { secretDigest(Array($0.utf8)) }
     }
 
     /// The HTTP service; `onListening` receives the bound port (useful with port 0). On graceful
@@ -157,22 +161,12 @@ public struct PushReceiver: Sendable {
         return Response(status: .tooManyRequests, headers: [.retryAfter: "\(max(1, Int(limited.retryAfter.rounded(.up))))"])
     }
 
-    /// A bearer token is wanted when some are configured; each is compared in full, in time
-    /// that does not depend on where it first differs.
+    /// A bearer token is wanted when some are configured; each is compared in full, by digest.
     private func isAuthorized(_ authorization: String?) -> Bool {
-        guard !settings.bearerTokens.isEmpty else { return true }
+        guard !bearerDigests.isEmpty else { return true }
         guard let authorization, authorization.count > 7, authorization.prefix(7).lowercased() == "bearer " else { return false }
         let presented = Array(authorization.dropFirst(7).trimmingCharacters(in: .whitespaces).utf8)
-        var matched = false
-        for token in settings.bearerTokens where Self.constantTimeEqual(presented, Array(token.utf8)) { matched = true }
-        return matched
-    }
-
-    static func constantTimeEqual(_ a: [UInt8], _ b: [UInt8]) -> Bool {
-        guard a.count == b.count else { return false }
-        var difference: UInt8 = 0
-        for i in a.indices { difference |= a[i] ^ b[i] }
-        return difference == 0
+        return secretMatches(presented, digests: bearerDigests)
     }
 
     /// `application/secevent+jwt`, compared case-insensitively, parameters allowed. Compared

@@ -80,6 +80,19 @@ public struct HeldTokenIdentifiers: Sendable, Hashable {
     public var indexKeys: [String] { ["prefix:" + prefix, "sha512:" + hash] }
 }
 
+/// A secret's SHA-256, kept to compare presented secrets with (`secretMatches`).
+public func secretDigest(_ secret: [UInt8]) -> [UInt8] { Array(SHA256.hash(data: secret)) }
+
+/// Whether `presented` is a secret whose digest (`secretDigest`) is one of `digests`. Digests
+/// are compared, each in full: the time taken depends on neither secret's length nor on where
+/// they differ, nor on which of them matched.
+public func secretMatches(_ presented: [UInt8], digests: [[UInt8]]) -> Bool {
+    let digest = secretDigest(presented)
+    var matched = false
+    for held in digests where constantTimeEquals(digest, held) { matched = true }
+    return matched
+}
+
 /// Compares two strings' UTF-8 bytes in time that depends only on their lengths.
 public func constantTimeEquals(_ a: String, _ b: String) -> Bool {
     constantTimeEquals(Array(a.utf8), Array(b.utf8))

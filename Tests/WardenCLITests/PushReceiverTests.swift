@@ -129,7 +129,7 @@ struct PushReceiverTests {
 
         // Without the bearer token, or with a wrong one: 401 with the challenge, and nothing
         // about the configuration.
-        for bearer in [nil, "guess"] as [String?] {
+        for bearer in [nil, "guess", String(Self.bearer.dropLast()), Self.bearer + "0", Self.bearer.uppercased()] as [String?] {
             let denied = try await Self.send(port, token, bearer: bearer)
             #expect(denied.status == 401)
             #expect(denied.header("WWW-Authenticate")?.hasPrefix("Bearer") == true)
@@ -148,7 +148,7 @@ struct PushReceiverTests {
         let metrics = try await WorkerTests.httpGet(httpPort, "/metrics").1
         #expect(metrics.contains(#"warden_push_requests_total{status="202"} 4"#))
         #expect(metrics.contains(#"warden_push_requests_total{status="400"} 3"#))
-        #expect(metrics.contains(#"warden_push_requests_total{status="401"} 2"#))
+        #expect(metrics.contains(#"warden_push_requests_total{status="401"} 5"#))
         #expect(metrics.contains(#"warden_events_received_total{source="push"} 7"#))
         #expect(try await WorkerTests.httpGet(httpPort, "/readyz").0 == 200)
 
