@@ -156,6 +156,16 @@ public struct EventProcessor: Sendable {
         }
     }
 
+    /// The RFC 8935 code `message` is refused with for good at verification (`check`), or nil:
+    /// it verifies, or may later (its issuer's keys are unavailable). Nothing is recorded or
+    /// dead-lettered; the refusal is counted in `warden_verify_failures_total`.
+    public func refusalCode(of message: IntakeMessage) async -> String? {
+        guard case .failure(let error) = await check([IntakeRecord(message, acknowledgement: Unanswered())])[0].result,
+              !error.isRetryable else { return nil }
+        metrics.verifyFailure(error.reportedCode)
+        return error.reportedCode
+    }
+
     /// The events the ledger holds whose stored token is the very value of one of `messages`
     /// (less surrounding whitespace; found by issuer and jti, read unverified, and compared by
     /// SHA-256), by the message's index; none without a ledger that can say.

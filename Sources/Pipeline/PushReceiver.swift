@@ -64,11 +64,19 @@ public struct PushReceiver: Sendable {
     /// SHA-256 of each configured bearer token: a presented token is compared by its digest,
     /// so the time taken says nothing of a token's length or of where they first differ.
     let bearerDigests: [[UInt8]]
+    /// Refusals kept in the ledger (a rejection, with the message's first 16 KiB) per client,
+    /// a hundredth of `rate-limit`: past it, a refused request is answered as any other but
+    /// leaves nothing behind (`warden_push_refusals_not_kept_total`), so junk sent from one
+    /// address as fast as the rate allows cannot fill the ledger's disk.
+    let keptRefusals: ClientRateLimiter?
+    /// Verifies a message without keeping anything: how a refusal past `keptRefusals` is told.
+    let judge: EventProcessor?
 
     /// Seconds a sender is told to wait before sending again (`Retry-After` on `503`).
     static let retryAfterSeconds = 5
 
-    public init(settings: Settings, destination: any PushDestination, metrics: WardenMetrics, logger: Logger) {
+    public init(settings: Settings, destination: any PushDestination, metrics: WardenMetrics, logger: Logger,
+                judge: EventProcessor? = nil) {
         self.settings = settings
         self.destination = destination
         self.limiter = settings.rateLimit.map { ClientRateLimiter(settings: $0) }
@@ -76,6 +84,10 @@ public struct PushReceiver: Sendable {
         self.metrics = metrics
         self.logger = logger
         self.bearerDigests = settings.bearerTokens.map { secretDigest(Array($0.utf8)) }
+        self.judge = judge
+        self.keptRefusals = judge == nil ? nil : settings.rateLimit.map {
+            ClientRateLimiter(settings: .init(perSecond: $0.perSecond / 100, burst: $0.burst / 100))
+        }
     }
 
     /// The HTTP service; `onListening` receives the bound port (useful with port 0). On graceful
@@ -143,10 +155,15 @@ public struct PushReceiver: Sendable {
         metrics.pushBytes(body.readableBytes)
         metrics.received(source: "push")
         let message = IntakeMessage(value: Array(buffer: body), source: "push", receivedAt: Date().timeIntervalSince1970)
+        if let keptRefusals, let judge, !keptRefusals.hasToken(client), let code = await judge.refusalCode(of: message) {
+            metrics.counter("warden_push_refusals_not_kept_total").increment()
+            return Self.refused(code: code, description: Self.publicDescription(code))
+        }
         switch await destination.persist(message) {
         case .accepted:
             return Response(status: .accepted)
         case .refused(let code):
+            _ = keptRefusals?.admit(client)
             // The verifier's own description (kept in the ledger and the log) may name what is
             // configured — issuers, audiences, algorithms, key ids: the sender gets the code's.
             return Self.refused(code: code, description: Self.publicDescription(code))

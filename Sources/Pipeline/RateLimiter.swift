@@ -54,6 +54,16 @@ public final class ClientRateLimiter: Sendable {
         }
     }
 
+    /// Whether `client` has a token left now (none is taken).
+    public func hasToken(_ client: String) -> Bool {
+        let t = now()
+        let perSecond = settings.perSecond, burst = Double(settings.burst)
+        return state.withLock { s in
+            guard let bucket = s.buckets[client] else { return true }
+            return min(burst, bucket.tokens + max(0, t - bucket.updated) * perSecond) >= 1
+        }
+    }
+
     /// Clients remembered now.
     var clientCount: Int { state.withLock { $0.buckets.count } }
 

@@ -25,6 +25,7 @@ enum MetricHelp {
         "warden_kafka_consumer_lag": "High watermark minus committed offset, by topic and partition.",
         "warden_keys_age_seconds": "Seconds since the issuer's keys were last fetched.",
         "warden_push_requests_total": "Push requests answered, by HTTP status.",
+        "warden_push_refusals_not_kept_total": "Push requests refused past their address's budget of refusals kept in the ledger: answered 400, not kept.",
         "warden_push_bytes_total": "Bytes of pushed bodies taken.",
         "warden_push_produce_failures_total": "Pushed SETs Kafka did not confirm.",
         "warden_poll_requests_total": "Poll requests made, by issuer and result.",

@@ -134,6 +134,7 @@ struct Worker {
         var intakeChecks: [HealthServer.Check] = []
         var closers: [ServiceGroupConfiguration.ServiceConfiguration] = []
         let destination: (any PushDestination)?
+        let processor: EventProcessor
         // The targets' connections, replaced by SIGHUP when their settings or credentials change.
         let targets = ReloadableTargets(try configuration.invalidation.makeTargets(http: client, logger: logger))
         let engine = InvalidationEngine(planner: Planner(policy: configuration.invalidation.policy), resolver: targets, executor: targets)
@@ -150,7 +151,7 @@ struct Worker {
                 configuration: .init(bootstrapServers: brokers, groupID: kafka.group, topics: [kafka.topic], properties: properties,
                                      maximumInFlight: kafka.maximumInFlight, commitInterval: .seconds(kafka.commitInterval)),
                 logger: logger)
-            let processor = EventProcessor(verifier: verifier, ledger: ledger,
+            processor = EventProcessor(verifier: verifier, ledger: ledger,
                                            deadLetters: KafkaDeadLetters(producer: producer, topic: kafka.deadLetterTopic),
                                            metrics: metrics, logger: logger, stop: StopSignal(), engine: engine,
                                            configuration: .init(parallelism: kafka.concurrency))
@@ -173,7 +174,7 @@ struct Worker {
         } else {
             // A refused SET is answered 400 to its sender and kept in the ledger as a rejection:
             // there is no dead-letter topic without Kafka.
-            let processor = EventProcessor(verifier: verifier, ledger: ledger, deadLetters: LedgerOnlyDeadLetters(),
+            processor = EventProcessor(verifier: verifier, ledger: ledger, deadLetters: LedgerOnlyDeadLetters(),
                                            metrics: metrics, logger: logger, stop: StopSignal(), engine: engine)
             let ledgerDestination = LedgerPushDestination()
             intake = PushIntake(destination: ledgerDestination, pipeline: EventPipeline(processor: processor))
@@ -197,7 +198,7 @@ struct Worker {
                 settings: .init(host: settings.host, port: settings.port, path: settings.path, bearerTokens: settings.bearerTokens,
                                 maximumBodyBytes: settings.maximumBodyBytes, rateLimit: settings.rateLimit,
                                 idleTimeout: settings.idleTimeout),
-                destination: destination, metrics: metrics, logger: logger)
+                destination: destination, metrics: metrics, logger: logger, judge: processor)
             let listening = ListeningFlag()
             intakeChecks.append(.init("receiver") { listening.isListening })
             let summary = "(POST \(settings.path)\(settings.bearerTokens.isEmpty ? "" : ", bearer tokens: \(settings.bearerTokens.count)")"

@@ -443,6 +443,34 @@ struct PushReceiverTests {
         #expect(await worker.terminate() == 0)
     }
 
+    /// Refusals kept in the ledger have a budget per address, a hundredth of the rate: past
+    /// it, junk is answered 400 as before but leaves nothing behind, so a flood of it cannot
+    /// fill the ledger's disk; a genuine SET is still taken.
+    @Test func refusalsPastTheirBudgetAreAnsweredButNotKept() async throws {
+        let setup = try Setup(bearerTokens: false, receiver: "rate-limit: {per-second: 100, burst: 200}")
+        defer { setup.cleanUp() }
+        let worker = try WorkerProcess(config: setup.config)
+        let port = try await worker.announcedPort("receiver")
+        let httpPort = try await worker.httpPort()
+        var statuses: [Int] = []
+        for i in 0..<8 { statuses.append(try await Self.send(port, "junk \(i)", bearer: nil).status) }
+        #expect(statuses == Array(repeating: 400, count: 8), "\(statuses)")
+        let forged = try await Self.send(port, try WorkerTests.token(subject: "u", key: WorkerTests.impostor), bearer: nil)
+        #expect(forged.status == 400)
+        #expect(forged.body.contains("\"err\":\"invalid_key\""))
+        #expect(try await Self.send(port, try WorkerTests.token(subject: "genuine"), bearer: nil).status == 202)
+        let kept = try SQLiteLedgerReader(path: setup.ledgerPath).deliveries().filter { $0.verdict == "invalid" }.count
+        let metrics = try await WorkerTests.httpGet(httpPort, "/metrics").1
+        let notKept = metrics.split(separator: "\n").first { $0.hasPrefix("warden_push_refusals_not_kept_total ") }
+            .flatMap { Int($0.split(separator: " ").last ?? "") } ?? 0
+        // Two at once (the budget's burst), then one a second.
+        #expect(kept >= 2 && kept <= 4, "\(kept) kept")
+        #expect(kept + notKept == 9, "\(kept) kept, \(notKept) not")
+        #expect(metrics.contains(#"warden_verify_failures_total{err="invalid_key"}"#))
+        #expect(try SQLiteLedgerReader(path: setup.ledgerPath).events().count == 1)
+        #expect(await worker.terminate() == 0)
+    }
+
     /// Requests that fail authentication have a rate of their own: a flood of them from an
     /// address (a load balancer's) does not make a transmitter behind it hear 429.
     @Test func requestsFailingAuthenticationDoNotUseUpATransmittersRate() async throws {
