@@ -151,11 +151,12 @@ public final class PollClient: Sendable {
             // keys are down) must not slow the others it is redelivered with.
             if notNow == outcomes.count { return .failed(retryAfter: nil) }
         }
-        // Only SETs this very request acknowledged: the transmitter did not take the
-        // acknowledgements (or sends them again at once). Asked again after the idle pause, not
-        // in a tight loop that writes a duplicate delivery per answer.
-        if !delivered.isEmpty, delivered.allSatisfy({ acks.contains($0.name) }) {
-            logger.warning("the transmitter sent again only SETs just acknowledged; pausing before the next poll",
+        // Only SETs this very request acknowledged or reported in error: the transmitter did not
+        // take them (or sends them again at once). Asked again after the idle pause, not in a
+        // tight loop that writes a duplicate delivery, or a rejection, per answer.
+        let answered = Set(acks).union(errors.map(\.jti))
+        if !delivered.isEmpty, delivered.allSatisfy({ answered.contains($0.name) }) {
+            logger.warning("the transmitter sent again only SETs just acknowledged or reported; pausing before the next poll",
                            metadata: ["warden.sets": "\(delivered.count)"])
             return .idle
         }
