@@ -128,6 +128,10 @@ public struct EventProcessor: Sendable {
         return zip(records, results).map { Checked(record: $0, result: $1) }
     }
 
+    /// How often the ledger is asked whether it holds a token refused for its age before it is
+    /// left refused: a push request must not wait for a ledger outage to end.
+    static let storedTokenLookupAttempts = 3
+
     /// A token refused only for its age (`max-age`, a logout token's `exp`) whose very bytes the
     /// ledger holds as an event is a redelivery of one accepted when it first arrived: a Kafka
     /// message read again after a crash or a long stop, a transmitter's retry of a push whose
@@ -141,8 +145,9 @@ public struct EventProcessor: Sendable {
             guard case .failure(let error) = results[$0] else { return false }
             return error.kind == .tooOld || error.kind == .expired
         }
-        guard !aged.isEmpty, case .done(let stored) = await attempting("ledger", { try await storedEvents(holding: aged.map { messages[$0] }) })
-        else { return }
+        guard !aged.isEmpty, case .done(let stored) = await attempting("ledger", maximumAttempts: Self.storedTokenLookupAttempts, {
+            try await storedEvents(holding: aged.map { messages[$0] })
+        }) else { return }
         for (j, state) in stored {
             let i = aged[j]
             var message = messages[i]
@@ -192,10 +197,21 @@ public struct EventProcessor: Sendable {
     /// seconds ago (see `EventPipeline.arrivalWindow`).
     func checkAgain(_ checked: Checked, arrivalWindow: Double = 0) async -> Checked {
         var message = checked.record.message
-        if case .now = message.claimsTime, arrivalWindow > 0, Date().timeIntervalSince1970 - message.receivedAt <= arrivalWindow {
-            message.claimsTime = .at(message.receivedAt)
+        if arrivalWindow > 0 { message.claimsTime = Self.claimsTime(afterWaiting: message, now: verifier.clock.now(), window: arrivalWindow) }
+        var results = [await verify(message)]
+        await judgeStoredTokensAsOfTheirArrival([message], &results)
+        return Checked(record: checked.record, result: results[0])
+    }
+
+    /// When the claims of `message`, verified again after a wait, are judged: at the time it
+    /// was to be judged at (its `received-at`) if that is still within `window` of now, else
+    /// when this process fetched it if that is, else now. A token's own `iat` (a replay) stays.
+    static func claimsTime(afterWaiting message: IntakeMessage, now: Double, window: Double) -> SETVerifier.ClaimsTime {
+        switch message.claimsTime {
+        case .issuedAt: return .issuedAt
+        case .at(let time) where now - time <= window: return .at(time)
+        case .now, .at: return now - message.receivedAt <= window ? .at(min(message.receivedAt, now)) : .now
         }
-        return Checked(record: checked.record, result: await verify(message))
     }
 
     /// Admission: resolves and plans each verified record, dead-letters each invalid one, and

@@ -155,15 +155,19 @@ public struct PushReceiver: Sendable {
         metrics.pushBytes(body.readableBytes)
         metrics.received(source: "push")
         let message = IntakeMessage(value: Array(buffer: body), source: "push", receivedAt: Date().timeIntervalSince1970)
-        if let keptRefusals, let judge, !keptRefusals.hasToken(client), let code = await judge.refusalCode(of: message) {
+        // A refusal's place in the budget is taken before the request goes on (requests sent
+        // at once must not all find the one place left), and given back if it is not refused.
+        let mayKeepRefusal = keptRefusals.map { if case .success = $0.admit(client) { true } else { false } } ?? true
+        if !mayKeepRefusal, let judge, let code = await judge.refusalCode(of: message) {
             metrics.counter("warden_push_refusals_not_kept_total").increment()
             return Self.refused(code: code, description: Self.publicDescription(code))
         }
-        switch await destination.persist(message) {
+        let outcome = await destination.persist(message)
+        if case .refused = outcome {} else if mayKeepRefusal { keptRefusals?.giveBack(client) }
+        switch outcome {
         case .accepted:
             return Response(status: .accepted)
         case .refused(let code):
-            _ = keptRefusals?.admit(client)
             // The verifier's own description (kept in the ledger and the log) may name what is
             // configured — issuers, audiences, algorithms, key ids: the sender gets the code's.
             return Self.refused(code: code, description: Self.publicDescription(code))

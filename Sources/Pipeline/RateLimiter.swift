@@ -54,13 +54,13 @@ public final class ClientRateLimiter: Sendable {
         }
     }
 
-    /// Whether `client` has a token left now (none is taken).
-    public func hasToken(_ client: String) -> Bool {
-        let t = now()
-        let perSecond = settings.perSecond, burst = Double(settings.burst)
-        return state.withLock { s in
-            guard let bucket = s.buckets[client] else { return true }
-            return min(burst, bucket.tokens + max(0, t - bucket.updated) * perSecond) >= 1
+    /// Gives back a token `admit` took (the request it was taken for did not need it).
+    public func giveBack(_ client: String) {
+        let burst = Double(settings.burst)
+        state.withLock { s in
+            guard var bucket = s.buckets[client] else { return }
+            bucket.tokens = min(burst, bucket.tokens + 1)
+            s.buckets[client] = bucket
         }
     }
 

@@ -303,7 +303,7 @@ public actor IssuerKeyCache {
                 throw KeyFetchError("the discovery document at \(shownURL(discoveryURL)) has no usable \"jwks_uri\"")
             }
             guard URLRule.isAcceptableForKeys(jwksURL) else {
-                throw KeyFetchError("the discovery document's jwks_uri \(jwksText) is not https")
+                throw KeyFetchError("the discovery document's jwks_uri \(shownURL(jwksText)) is not https")
             }
             let lifetime = min(max(document.maxAge ?? settings.defaultLifetime, settings.minimumLifetime),
                                settings.maximumLifetime)

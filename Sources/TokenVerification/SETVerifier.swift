@@ -63,7 +63,8 @@ public final class SETVerifier: Sendable {
     /// Largest token accepted, checked before anything else. Default 64 KiB.
     public let maximumTokenBytes: Int
     let issuers: [String: Issuer]
-    let clock: WallClock
+    /// Now, as this verifier judges it.
+    public let clock: WallClock
 
     public static let defaultMaximumTokenBytes = 64 * 1024
 

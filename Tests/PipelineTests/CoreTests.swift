@@ -591,6 +591,61 @@ struct CoreTests {
         await ledger.close()
     }
 
+    // The same, for a copy that first waited for its issuer's keys (another process, whose
+    // keys cannot be had at first, reads the topic again past max-age): once the keys are back
+    // it is the stored event's duplicate, not refused.
+    @Test func aStoredTokenThatWaitedForKeysPastItsMaximumAgeIsADuplicate() async throws {
+        let path = Scratch.path("waited-past-max-age", extension: "sqlite")
+        let ledger = try SQLiteLedger(path: path)
+        let first = World(maximumAge: 300, realLedger: ledger)
+        first.fetcherB.document.withLock { $0 = SETMinter.jwks([Self.keyB1]) }
+        let token = Self.token(Self.issuerB, "x", jti: "waited-1", key: Self.keyB1)
+        var copy = token
+        copy.receivedAt = Date().timeIntervalSince1970
+        let dispositions = await Settled.run(first.pipeline, [[copy]])
+        guard case .recorded(let eventID, _)? = dispositions.first else {
+            Issue.record("first delivery: \(dispositions)")
+            return
+        }
+        // Another process: its issuer's keys cannot be had; an hour later they can.
+        let second = World(maximumAge: 300, realLedger: ledger)
+        second.fetcherB.document.withLock { $0 = SETMinter.jwks([Self.keyB1]) }
+        second.fetcherB.failing.withLock { $0 = true }
+        let door = HandDoor()
+        let running = Task { await second.pipeline.run(door.stream) }
+        door.feed([token])
+        #expect(await eventually { second.fetcherB.threads.withLock { $0.count } >= 2 })
+        second.clockOffset.seconds.withLock { $0 = 3600 }
+        second.fetcherB.failing.withLock { $0 = false }
+        let settled = await eventually { door.disposition(0) != nil }
+        if !settled { second.stop.stop() }
+        door.continuation.finish()
+        await running.value
+        #expect(door.disposition(0) == .duplicate(eventID: eventID))
+        #expect(second.deadLetters.sent.withLock { $0.isEmpty })
+        await ledger.close()
+    }
+
+    // After a wait, a record's claims are judged at its received-at, its fetch, or now: the
+    // first of them still within the arrival window.
+    @Test func aWaitedRecordsClaimsTimeStaysWithinTheArrivalWindow() {
+        func judged(_ claims: SETVerifier.ClaimsTime, now: Double) -> String {
+            var message = IntakeMessage(value: [], source: "test", receivedAt: 1000, claimsTime: claims)
+            message.receivedAt = 1000
+            return switch EventProcessor.claimsTime(afterWaiting: message, now: now, window: 100) {
+            case .now: "now"
+            case .at(let time): "at \(Int(time))"
+            case .issuedAt: "iat"
+            }
+        }
+        #expect(judged(.now, now: 1050) == "at 1000")
+        #expect(judged(.now, now: 1200) == "now")
+        #expect(judged(.at(950), now: 1040) == "at 950")
+        #expect(judged(.at(900), now: 1050) == "at 1000", "its received-at is past the window, its fetch is not")
+        #expect(judged(.at(900), now: 1200) == "now")
+        #expect(judged(.issuedAt, now: 5000) == "iat")
+    }
+
     // A record its door took back (its Kafka partition went to another member, which reads it
     // again) is never given up for keys: the refusal would be recorded and dead-lettered by a
     // process that no longer owns it, while the new owner may still verify it.

@@ -452,8 +452,11 @@ struct PushReceiverTests {
         let worker = try WorkerProcess(config: setup.config)
         let port = try await worker.announcedPort("receiver")
         let httpPort = try await worker.httpPort()
-        var statuses: [Int] = []
-        for i in 0..<8 { statuses.append(try await Self.send(port, "junk \(i)", bearer: nil).status) }
+        // Sent at once: they must not all find the budget's places left.
+        let statuses = try await withThrowingTaskGroup(of: Int.self) { group in
+            for i in 0..<8 { group.addTask { try await Self.send(port, "junk \(i)", bearer: nil).status } }
+            return try await group.reduce(into: [Int]()) { $0.append($1) }
+        }
         #expect(statuses == Array(repeating: 400, count: 8), "\(statuses)")
         let forged = try await Self.send(port, try WorkerTests.token(subject: "u", key: WorkerTests.impostor), bearer: nil)
         #expect(forged.status == 400)
