@@ -341,6 +341,13 @@ public struct EventProcessor: Sendable {
 
     /// The error code of a valid event whose subject lookup the target refused.
     public static let subjectLookupRefused = "subject_lookup_refused"
+    /// The error code of a valid event the ledger refused to store for good: no fault of the
+    /// token, so not an RFC 8935 code (a push is answered "try again later", not 400).
+    public static let ledgerRefused = "ledger_refused"
+
+    /// Whether a refusal is this receiver's own, not a verdict on the SET: a sender that
+    /// pushed or was polled for it keeps it and tries again.
+    public static func isOwnRefusal(_ code: String) -> Bool { code == subjectLookupRefused || code == ledgerRefused }
 
     enum StateCheck: Sendable, Equatable {
         case taken
@@ -460,7 +467,7 @@ public struct EventProcessor: Sendable {
                 return claims
             case .refused(let error):
                 let message = batch[i].record.message
-                let code = SETErrorCode.invalidRequest.rawValue
+                let code = Self.ledgerRefused
                 let description = "the ledger cannot store this event: \(error)"
                 let rejection = Rejection(token: message.value, source: message.source, code: code, description: description,
                                           receivedAt: message.receivedAt)

@@ -346,9 +346,9 @@ public final class LedgerPushDestination: PushDestination {
         for acknowledgement in acknowledgements {
             switch await acknowledgement.answer() {
             case .recorded, .duplicate: outcomes.append(.accepted)
-            // Not a verdict on the SET: this receiver's own lookup was refused. Its sender keeps
-            // it and tries again (a 400 would have it dropped at the source).
-            case .rejected(let code, _) where code == EventProcessor.subjectLookupRefused: outcomes.append(.unavailable)
+            // Not a verdict on the SET: this receiver's own lookup, or its ledger, refused it.
+            // Its sender keeps it and tries again (a 400 would have it dropped at the source).
+            case .rejected(let code, _) where EventProcessor.isOwnRefusal(code): outcomes.append(.unavailable)
             case .rejected(let code, _): outcomes.append(.refused(code: code))
             case .abandoned: outcomes.append(.unavailable)
             }

@@ -155,6 +155,22 @@ struct CoreTests {
         await running.value
     }
 
+    /// The same for a SET the ledger refuses to store for good: the refusal is the ledger's,
+    /// and a 400 would have the sender drop a genuine SET.
+    @Test func aPushedSETTheLedgerRefusesIsAnsweredTryAgainLater() async throws {
+        let world = World()
+        world.ledger.state.withLock { $0.refusedJTIs = ["pushed-unstorable"] }
+        let destination = LedgerPushDestination(answerWithin: CoreTests.pushAnswerWithin)
+        let running = Task { await world.pipeline.run(destination.records) }
+        var pushed = Self.token(Self.issuerA, "u", jti: "pushed-unstorable", key: Self.keyA)
+        pushed.receivedAt = Date().timeIntervalSince1970
+        #expect(await destination.persist(pushed) == .unavailable)
+        #expect(world.ledger.rejections.map(\.code) == ["ledger_refused"])
+        world.stop.stop()
+        destination.records.close()
+        await running.value
+    }
+
     static func verification(_ issuer: String, state: String?, jti: String, key: SigningKey) -> IntakeMessage {
         let payload: JSONObject = state.map { ["state": .string($0)] } ?? [:]
         let claims: JSONObject = ["iss": .string(issuer), "aud": .string(audience), "iat": .number(Date().timeIntervalSince1970.rounded(.down)),
@@ -836,7 +852,7 @@ struct CoreTests {
             Self.token(Self.issuerA, "u2", jti: "bad", key: Self.keyA),
             Self.token(Self.issuerA, "u3", jti: "ok-2", key: Self.keyA),
         ]])
-        #expect(settled[1].code == "invalid_request")
+        #expect(settled[1].code == "ledger_refused")
         #expect(world.ledger.event("ok-1")?.outcome == .processed && world.ledger.event("ok-2")?.outcome == .processed)
         #expect(world.ledger.event("bad") == nil)
         #expect(world.deadLetters.sent.withLock { $0.map(\.source) } == ["test:bad"])
