@@ -123,8 +123,9 @@ public struct EventProcessor: Sendable {
 
     /// Verifies every record of the batch, on every core.
     public func check(_ records: [IntakeRecord]) async -> [Checked] {
-        var results = await verifyAll(records.map(\.message))
-        await judgeStoredTokensAsOfTheirArrival(records.map(\.message), &results)
+        let messages = records.map(\.message)
+        var results = await verifyAll(messages)
+        await judgeStoredTokensAsOfTheirArrival(messages, &results)
         return zip(records, results).map { Checked(record: $0, result: $1) }
     }
 
@@ -198,9 +199,7 @@ public struct EventProcessor: Sendable {
     func checkAgain(_ checked: Checked, arrivalWindow: Double = 0) async -> Checked {
         var message = checked.record.message
         if arrivalWindow > 0 { message.claimsTime = Self.claimsTime(afterWaiting: message, now: verifier.clock.now(), window: arrivalWindow) }
-        var results = [await verify(message)]
-        await judgeStoredTokensAsOfTheirArrival([message], &results)
-        return Checked(record: checked.record, result: results[0])
+        return Checked(record: checked.record, result: await check([IntakeRecord(message, acknowledgement: Unanswered())])[0].result)
     }
 
     /// When the claims of `message`, verified again after a wait, are judged: at the time it
