@@ -264,6 +264,15 @@ public final class SETVerifier: Sendable {
         guard key.algorithmMask & parsed.algorithm.bit != 0 else {
             throw VerificationError(.algorithmMismatch, "the key \(quoted(parsed.keyID)) is a \(key.family.rawValue) key for \(key.algorithms.sorted().map(\.rawValue).joined(separator: "/")), but the token says \(parsed.algorithm.rawValue)")
         }
+        // Each key is used with exactly one algorithm (RFC 8725 §3.1): its JWK's `alg`, or, for a
+        // JWK without one, the one algorithm of its type the issuer allows. An RSA key naming no
+        // `alg` under an issuer that allows several RSA algorithms could otherwise sign with
+        // PKCS #1 v1.5 and PSS alike.
+        let usable = key.algorithmMask & issuer.algorithmMask
+        guard usable & (usable &- 1) == 0 else {
+            let allowed = key.algorithms.intersection(issuer.policy.algorithms).sorted().map(\.rawValue).joined(separator: ", ")
+            throw VerificationError(.unusableKey, "the key \(quoted(parsed.keyID)) names no \"alg\" and issuer \(quoted(issuer.policy.issuer)) allows several \(key.family.rawValue) algorithms (\(allowed)); a key is used with exactly one: the JWK must name its \"alg\", or the issuer allow one \(key.family.rawValue) algorithm")
+        }
         let signaturePart = UnsafeBufferPointer(rebasing: token[parsed.signaturePart])
         let valid = withUnsafeTemporaryAllocation(of: UInt8.self, capacity: signaturePart.count) { scratch -> Bool in
             guard let count = Base64URL.decode(buffer: signaturePart, into: scratch) else { return false }

@@ -38,16 +38,25 @@ struct AlgorithmTests {
         #expect(await verifier.verify(parts.joined(separator: ".")).error?.kind == .badSignature)
     }
 
-    @Test func keysWithoutAlgBindToTheirFamily() async throws {
+    /// SPEC §4 row 2: each key is bound to exactly one algorithm.
+    @Test func aKeyWithoutAlgIsBoundToTheOneAlgorithmOfItsTypeTheIssuerAllows() async throws {
         let clock = ManualClock()
         var rsa = try SigningKey.rsa(keyID: "bare", algorithm: "PS384")
         rsa.publishesAlgorithm = false
-        let verifier = Fixture.pinnedVerifier(keys: [rsa], algorithms: [.ps384, .rs256], clock: clock)
-        #expect(await verifier.verify(try SETMinter.token(claims: Fixture.riscClaims(clock), key: rsa)).value != nil)
+        let token = try SETMinter.token(claims: Fixture.riscClaims(clock), key: rsa)
+        let verifier = Fixture.pinnedVerifier(keys: [rsa], algorithms: [.ps384, .es256], clock: clock)
+        #expect(await verifier.verify(token).value != nil)
         // The same RSA key cannot be used with an EC algorithm.
         let forged = try SETMinter.token(header: ["alg": "ES256", "kid": "bare"], claims: Fixture.riscClaims(clock), key: rsa)
-        let v2 = Fixture.pinnedVerifier(keys: [rsa], algorithms: [.es256], clock: clock)
-        #expect(await v2.verify(forged).error?.kind == .algorithmMismatch)
+        #expect(await verifier.verify(forged).error?.kind == .algorithmMismatch)
+        // Nor with two RSA algorithms: with several allowed, a key naming no "alg" is used with none.
+        let ambiguous = Fixture.pinnedVerifier(keys: [rsa], algorithms: [.ps384, .rs256], clock: clock)
+        let refused = await ambiguous.verify(token)
+        #expect(refused.error?.kind == .unusableKey)
+        #expect(refused.error?.description.contains("PS384, RS256") == true, "\(String(describing: refused.error))")
+        // A JWK that names its "alg" is bound to it whatever else the issuer allows.
+        rsa.publishesAlgorithm = true
+        #expect(await Fixture.pinnedVerifier(keys: [rsa], algorithms: [.ps384, .rs256], clock: clock).verify(token).value != nil)
     }
 
     /// RSASSA-PKCS1-v1_5 compares the whole encoded message: a signature whose DigestInfo names
@@ -57,9 +66,11 @@ struct AlgorithmTests {
         let clock = ManualClock()
         var key = try SigningKey.rsa(keyID: "bare", algorithm: signedAs)
         key.publishesAlgorithm = false
-        let verifier = Fixture.pinnedVerifier(keys: [key], algorithms: [.rs256, .rs384, .rs512, .ps256], clock: clock)
         let honest = try SETMinter.token(claims: Fixture.riscClaims(clock), key: key)
-        #expect(await verifier.verify(honest).value != nil)
+        let signed = try #require(JOSEAlgorithm(rawValue: signedAs)), claimed = try #require(JOSEAlgorithm(rawValue: claimedAs))
+        #expect(await Fixture.pinnedVerifier(keys: [key], algorithms: [signed], clock: clock).verify(honest).value != nil)
+        // The key, naming no "alg", is bound to the one RSA algorithm the issuer allows: the header's.
+        let verifier = Fixture.pinnedVerifier(keys: [key], algorithms: [claimed], clock: clock)
         let mislabelled = try SETMinter.token(header: ["alg": .string(claimedAs), "kid": "bare"],
                                               claims: Fixture.riscClaims(clock), key: key)
         #expect(await verifier.verify(mislabelled).error?.kind == .badSignature)
