@@ -392,6 +392,44 @@ final class WaitingRoom: Sendable {
         for waiter in waiters { waiter.resume() }
     }
 
+    /// Waiting records whose door took them back (their Kafka partition went to another member,
+    /// which reads them again) leave the room, settled `.abandoned`: neither verified again nor
+    /// given up. Staying, one would hold its lane for as long as its issuer's keys cannot be had,
+    /// and the copy read again if the partition comes back, behind it, would never leave.
+    /// Whether any left.
+    private func leaveTakenBack(processor: EventProcessor) -> Bool {
+        let waiting = state.withLock { s in
+            s.order.flatMap { (s.lanes[$0] ?? []).filter { $0.checked.waitingLane != nil } }
+        }
+        let takenBack = Set(waiting.filter { entry in
+            let acknowledgement = entry.checked.record.acknowledgement
+            guard acknowledgement.beginAction() else { return true }
+            acknowledgement.endAction()
+            return false
+        }.map(\.id))
+        guard !takenBack.isEmpty else { return false }
+        let left = state.withLock { s -> [EventProcessor.Checked] in
+            var left: [EventProcessor.Checked] = []
+            for lane in s.order {
+                guard let queue = s.lanes[lane] else { continue }
+                let kept = queue.filter { !takenBack.contains($0.id) }
+                guard kept.count != queue.count else { continue }
+                left += queue.filter { takenBack.contains($0.id) }.map(\.checked)
+                s.lanes[lane] = kept.isEmpty ? nil : kept
+            }
+            s.order.removeAll { s.lanes[$0] == nil }
+            s.count -= left.count
+            return left
+        }
+        for checked in left {
+            processor.logger.info("a message waiting for its issuer's keys was taken back by its door; it is left to be read again",
+                                  metadata: ["warden.source": "\(checked.record.message.source)"])
+            checked.record.acknowledgement.setAside(false)
+            checked.record.acknowledgement.settle(.abandoned)
+        }
+        return !left.isEmpty
+    }
+
     /// A record that waited `wait` for its keys, refused: admission then records it and
     /// dead-letters it (`keys_unavailable`, counted as a permanent failure), and its lane's
     /// later records go on. Nil, and it keeps waiting, when its door took it back (its Kafka
@@ -439,10 +477,10 @@ final class WaitingRoom: Sendable {
             }
             guard await processor.stop.pause(processor.backoff(attempt)) else { return }
             attempt += 1
+            var changed = leaveTakenBack(processor: processor)
             let waiting = state.withLock { s in
                 s.order.flatMap { (s.lanes[$0] ?? []).filter { $0.checked.waitingLane != nil } }
             }
-            var changed = false
             for entry in waiting {
                 var again = await processor.checkAgain(entry.checked, arrivalWindow: arrivalWindow)
                 if again.waitingLane != nil, let maximumWait, entry.since.duration(to: .now) >= maximumWait,
