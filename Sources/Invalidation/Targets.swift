@@ -28,8 +28,9 @@ extension RedisConnectionSettings {
             }
             settings.database = database
         }
-        if let user = components.user, !user.isEmpty { settings.username = user.removingPercentEncoding ?? user }
-        if let password = components.password { settings.password = password.removingPercentEncoding ?? password }
+        // `user` and `password` are already percent-decoded: decoded again, `%2541` would become `A`.
+        if let user = components.user, !user.isEmpty { settings.username = user }
+        if let password = components.password { settings.password = password }
         return .success(settings)
     }
 

@@ -92,3 +92,22 @@ public struct KafkaProperties: Sendable, ExpressibleByDictionaryLiteral {
         return conf
     }
 }
+
+extension KafkaProperties {
+    /// Properties Warden sets itself, with why: given in `kafka.properties`, one of them would
+    /// quietly undo what Warden promises (an offset committed before its event is durable is an
+    /// event lost in a crash), so they are refused.
+    public static let reserved: [String: String] = [
+        "bootstrap.servers": "set by kafka.brokers",
+        "metadata.broker.list": "set by kafka.brokers",
+        "group.id": "set by kafka.group",
+        "enable.auto.commit": "Warden commits an offset only once its event's outcome is durable",
+        "auto.commit.enable": "Warden commits an offset only once its event's outcome is durable",
+        "enable.auto.offset.store": "Warden commits an offset only once its event's outcome is durable",
+        "auto.offset.reset": "a new group starts at the earliest offset, so that no event published before the first start is missed",
+        "enable.partition.eof": "Warden reads partitions without end-of-partition events",
+        "partition.assignment.strategy": "Warden's rebalances are cooperative (cooperative-sticky): a partition's work is finished before it is given up",
+        "acks": "a dead letter is sent only once every in-sync replica has it (acks=all)",
+        "enable.idempotence": "dead letters are produced idempotently",
+    ]
+}

@@ -607,13 +607,13 @@ public enum AuditChain {
             // was moved by hand (records removed from the front).
             if start.seq > 0 || (currentStart?.seq ?? 0) > 0 {
                 guard let checkpoint = lastCheckpoint else {
-                    return .broken(seq: start.seq + 1, reason: "the chain starts after record \(start.seq) but no checkpoint record says so (records removed from the front)")
+                    return .broken(seq: start.seq &+ 1, reason: "the chain starts after record \(start.seq) but no checkpoint record says so (records removed from the front)")
                 }
                 let movedBehind = currentStart.map { now in
                     checkpoint.seq == now.seq && checkpoint.hash == now.hash && now.seq > start.seq && now.seq <= lastSeq
                 } ?? false
                 guard (checkpoint.seq == start.seq && checkpoint.hash == start.hash) || movedBehind else {
-                    return .broken(seq: start.seq + 1, reason: "the chain starts after record \(start.seq) but its last checkpoint "
+                    return .broken(seq: start.seq &+ 1, reason: "the chain starts after record \(start.seq) but its last checkpoint "
                                    + "dropped up to record \(checkpoint.seq) (the start was moved)")
                 }
             }

@@ -267,15 +267,21 @@ final class Replayer {
         var chosen: [Int] = []
         for i in findings.indices where findings[i].valid {
             switch findings[i].status {
-            case .neverProcessed, .verdictChanged:
-                // Lifting a restriction after a later event of the subject would undo that one:
-                // left to the operator, a discrepancy still.
+            case .neverProcessed, .verdictChanged, .plannedNotDone:
+                // Lifting a restriction after a later event of the subject would undo that one
+                // (its own steps, or steps it left failed, made now): left to the operator, a
+                // discrepancy still.
                 if let (subject, issuedAt) = findings[i].restoring, let issuer = findings[i].issuer,
                    let later = try await ledger.laterEvent(issuer: issuer, subject: subject, issuedAfter: issuedAt) {
                     findings[i].applied = "not applied: it lifts a restriction, and ledger event \(later) of its subject came after it"
                     statistics.unrepaired += 1
                     continue
                 }
+            default:
+                break
+            }
+            switch findings[i].status {
+            case .neverProcessed, .verdictChanged:
                 chosen.append(i)
             case .plannedNotDone:
                 if let id = findings[i].eventID, findings[i].ledgerSteps?.contains(where: { $0.status == .failed }) == true {

@@ -37,6 +37,9 @@ public struct KafkaSettings: Sendable, Equatable {
         var properties: [String: String] = [:]
         let p = r.child("properties")
         for key in try p.keys() {
+            if let reason = KafkaProperties.reserved[key] {
+                throw p.child(key).error("is set by Warden and cannot be changed: \(reason)")
+            }
             // Any property ending in .password may be read from a file: `sasl.password-file`.
             var name = key
             let value: String

@@ -1,5 +1,6 @@
 import Foundation
 import Invalidation
+import Redis
 import Testing
 import TokenVerification
 import WardenTestSupport
@@ -84,6 +85,13 @@ struct ConfigurationSafetyTests {
         #expect(abs((retained.ledgerRetention ?? 0) - 400 * 86_400) < 1)
         #expect(error("ledger: \"sqlite:l.sqlite\"\n", environment: ["WARDEN_LEDGER_URL": "sqlite:other.sqlite"])
             .contains("ledger.url: gives the ledger's URL a second time"))
+    }
+
+    /// A URL's credentials are percent-decoded once: `%25` is a `%` of the password.
+    @Test func aRedisURLsCredentialsAreDecodedOnce() throws {
+        let settings = try RedisConnectionSettings.parse("redis://us%2541r:ab%2541cd%40@h:6380/1").get()
+        #expect(settings.username == "us%41r")
+        #expect(settings.password == "ab%41cd@")
     }
 
     @Test func aRedisPasswordGivenTwiceIsRefused() {

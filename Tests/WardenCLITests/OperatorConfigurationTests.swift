@@ -77,6 +77,16 @@ struct OperatorConfigurationTests {
         #expect(error("kafka: {brokers: embedded, properties: {sasl.password-file: empty}}", files: ["empty": "\n"]).contains("is empty"))
     }
 
+    /// A property Warden sets itself cannot be given: copied from another client's settings,
+    /// `enable.auto.commit: true` would commit offsets of events not yet durable.
+    @Test(arguments: ["enable.auto.commit", "enable.auto.offset.store", "auto.commit.enable", "group.id", "bootstrap.servers",
+                      "metadata.broker.list", "auto.offset.reset", "partition.assignment.strategy", "acks", "enable.idempotence"])
+    func kafkaPropertiesWardenSetsAreRefused(_ name: String) throws {
+        let refused = error("kafka: {brokers: embedded, properties: {\(name): \"x\"}}")
+        #expect(refused.contains("kafka.properties.\(name)") && refused.contains("is set by Warden"), "\(refused)")
+        #expect(try parse("kafka: {brokers: embedded, properties: {session.timeout.ms: \"6000\"}}").kafka?.properties["session.timeout.ms"] == "6000")
+    }
+
     @Test func databasePasswordsFromFiles() throws {
         let c = try parse("""
             ledger: {url: "postgres://warden@db.internal/warden?sslmode=verify-full", password-file: db-password}

@@ -210,6 +210,48 @@ struct ReplayTests {
         #expect(dry.statuses == ["never-processed", "ok", "ok"], "\(dry.stdout)")
     }
 
+    /// The same holds for an old lifting event whose own steps failed: run again now, they would
+    /// undo the later event of its subject. They are left failed, a discrepancy still.
+    @Test func anOldLiftingEventsFailedStepsAreNotRunAgainAfterALaterOneOfItsSubject() async throws {
+        let (directory, config, path) = try AuditExportTests.ledgerFolder()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        await (try SQLiteLedger(path: path)).close()
+        let now = Date().timeIntervalSince1970
+        func token(_ event: EventType, _ subject: String, _ jti: String, issuedAt: Double) throws -> String {
+            try SETMinter.token(claims: SETMinter.riscClaims(issuer: WorkerTests.issuer, audience: WorkerTests.audience, event: event,
+                                                             subject: subject, jti: jti, issuedAt: issuedAt), key: WorkerTests.ec)
+        }
+        let first = directory.appendingPathComponent("first.log")
+        try (try token(.accountDisabled, "u1", "disabled-1", issuedAt: now - 60) + "\n").write(to: first, atomically: true, encoding: .utf8)
+        #expect(try await Self.replay(config, first, apply: true).status == 0)
+
+        // An older account-enabled of the same subject, claimed with a step that failed for good.
+        let enabled = try token(.accountEnabled, "u1", "enabled-old", issuedAt: now - 600)
+        let configuration = try WardenConfiguration.parse(yaml: String(contentsOf: config, encoding: .utf8), baseDirectory: directory)
+        let verified = try await configuration.makeVerifier(client: HTTPClient.shared, logger: WorkerTests.quiet).verify(enabled).get()
+        let ledger = try SQLiteLedger(path: path)
+        let event = LedgerEvent(issuer: WorkerTests.issuer, jti: "enabled-old", token: enabled, source: "push",
+                                eventTypes: [EventType.accountEnabled.uri], subject: verified.token.primarySubject?.jsonText,
+                                keyID: WorkerTests.ec.keyID, algorithm: "ES256", keyThumbprint: verified.keyThumbprint,
+                                issuedAt: now - 600, receivedAt: now - 590)
+        guard case .new(let id) = try await ledger.claim(event, outcome: .pending, steps: [OutboxStep(index: 0, kind: "delete-flag", action: "{}")]) else {
+            Issue.record("not claimed")
+            return
+        }
+        _ = try await ledger.recordSteps([RecordedStep(eventID: id, index: 0, status: .failed, detail: "refused by the target", finishing: .failed)])
+        await ledger.close()
+
+        let late = directory.appendingPathComponent("late.log")
+        try (enabled + "\n").write(to: late, atomically: true, encoding: .utf8)
+        let applied = try await Self.replay(config, late, apply: true)
+        #expect(applied.status == 1, "\(applied.stdout)")
+        #expect(applied.lines.first?["status"]?.stringValue == "planned-not-done", "\(applied.lines)")
+        #expect(applied.lines.first?["applied"]?.stringValue?.hasPrefix("not applied: it lifts a restriction, and ledger event") == true,
+                "\(applied.lines)")
+        let steps: [OutboxStep] = try SQLiteLedgerReader(path: path).steps(ofEvent: id)
+        #expect(steps.map { $0.status } == [StepStatus.failed] && steps.first?.detail == "refused by the target", "\(steps)")
+    }
+
     /// `warden replay --topic`: a consumer of its own over a time range, against the ledger.
     @Test func aTopicRangeIsComparedWithTheLedger() async throws {
         let cluster = try EmbeddedKafkaCluster(topics: [("security-events", 2)], logger: WorkerTests.quiet)
