@@ -31,6 +31,20 @@ struct ReplayTests {
         var statuses: [String] { lines.compactMap { $0["status"]?.stringValue } }
     }
 
+    /// A RISC SET of `event` for `subject`, signed by the worker tests' EC key.
+    static func token(_ event: EventType, _ subject: String, _ jti: String, issuedAt: Double) throws -> String {
+        try SETMinter.token(claims: SETMinter.riscClaims(issuer: WorkerTests.issuer, audience: WorkerTests.audience, event: event,
+                                                         subject: subject, jti: jti, issuedAt: issuedAt), key: WorkerTests.ec)
+    }
+
+    /// Applies an account-disabled of subject `u1` issued a minute before `now`.
+    static func disableU1(_ config: URL, _ directory: URL, now: Double) async throws {
+        let first = directory.appendingPathComponent("first.log")
+        try (try token(.accountDisabled, "u1", "disabled-1", issuedAt: now - 60) + "\n").write(to: first, atomically: true, encoding: .utf8)
+        let disabled = try await replay(config, first, apply: true)
+        #expect(disabled.status == 0, "\(disabled.stdout)")
+    }
+
     static func replay(_ config: URL, _ log: URL, apply: Bool = false, html: URL? = nil) async throws -> Report {
         let report = config.deletingLastPathComponent().appendingPathComponent("report-\(UUID().uuidString).jsonl")
         var arguments = ["replay", "--config", config.path, "--file", log.path, "--report", report.path]
@@ -185,19 +199,12 @@ struct ReplayTests {
         defer { try? FileManager.default.removeItem(at: directory) }
         await (try SQLiteLedger(path: path)).close()
         let now = Date().timeIntervalSince1970
-        func token(_ event: EventType, _ subject: String, _ jti: String, issuedAt: Double) throws -> String {
-            try SETMinter.token(claims: SETMinter.riscClaims(issuer: WorkerTests.issuer, audience: WorkerTests.audience, event: event,
-                                                             subject: subject, jti: jti, issuedAt: issuedAt), key: WorkerTests.ec)
-        }
-        let first = directory.appendingPathComponent("first.log")
-        try (try token(.accountDisabled, "u1", "disabled-1", issuedAt: now - 60) + "\n").write(to: first, atomically: true, encoding: .utf8)
-        let disabled = try await Self.replay(config, first, apply: true)
-        #expect(disabled.status == 0, "\(disabled.stdout)")
+        try await Self.disableU1(config, directory, now: now)
 
         let late = directory.appendingPathComponent("late.log")
-        try ([try token(.accountEnabled, "u1", "enabled-old", issuedAt: now - 600),
-              try token(.accountEnabled, "u2", "enabled-other", issuedAt: now - 600),
-              try token(.sessionsRevoked, "u1", "revoked-old", issuedAt: now - 600)].joined(separator: "\n") + "\n")
+        try ([try Self.token(.accountEnabled, "u1", "enabled-old", issuedAt: now - 600),
+              try Self.token(.accountEnabled, "u2", "enabled-other", issuedAt: now - 600),
+              try Self.token(.sessionsRevoked, "u1", "revoked-old", issuedAt: now - 600)].joined(separator: "\n") + "\n")
             .write(to: late, atomically: true, encoding: .utf8)
         let applied = try await Self.replay(config, late, apply: true)
         #expect(applied.status == 1, "\(applied.stdout)")
@@ -217,16 +224,10 @@ struct ReplayTests {
         defer { try? FileManager.default.removeItem(at: directory) }
         await (try SQLiteLedger(path: path)).close()
         let now = Date().timeIntervalSince1970
-        func token(_ event: EventType, _ subject: String, _ jti: String, issuedAt: Double) throws -> String {
-            try SETMinter.token(claims: SETMinter.riscClaims(issuer: WorkerTests.issuer, audience: WorkerTests.audience, event: event,
-                                                             subject: subject, jti: jti, issuedAt: issuedAt), key: WorkerTests.ec)
-        }
-        let first = directory.appendingPathComponent("first.log")
-        try (try token(.accountDisabled, "u1", "disabled-1", issuedAt: now - 60) + "\n").write(to: first, atomically: true, encoding: .utf8)
-        #expect(try await Self.replay(config, first, apply: true).status == 0)
+        try await Self.disableU1(config, directory, now: now)
 
         // An older account-enabled of the same subject, claimed with a step that failed for good.
-        let enabled = try token(.accountEnabled, "u1", "enabled-old", issuedAt: now - 600)
+        let enabled = try Self.token(.accountEnabled, "u1", "enabled-old", issuedAt: now - 600)
         let configuration = try WardenConfiguration.parse(yaml: String(contentsOf: config, encoding: .utf8), baseDirectory: directory)
         let verified = try await configuration.makeVerifier(client: HTTPClient.shared, logger: WorkerTests.quiet).verify(enabled).get()
         let ledger = try SQLiteLedger(path: path)
