@@ -78,9 +78,9 @@ public struct KafkaSettings: Sendable, Equatable {
             group: group,
             deadLetterTopic: deadLetterTopic,
             properties: properties,
-            embeddedPartitions: try positiveInt(r.child("embedded-partitions")) ?? 4,
-            concurrency: try positiveInt(r.child("concurrency")) ?? ProcessInfo.processInfo.activeProcessorCount,
-            maximumInFlight: try positiveInt(r.child("max-in-flight")) ?? 4096,
+            embeddedPartitions: try positiveInt(r.child("embedded-partitions"), atMost: 1000) ?? 4,
+            concurrency: try positiveInt(r.child("concurrency"), atMost: 1024) ?? ProcessInfo.processInfo.activeProcessorCount,
+            maximumInFlight: try positiveInt(r.child("max-in-flight"), atMost: 1_000_000) ?? 4096,
             commitInterval: try WardenConfiguration.positive(r.child("commit-interval")) ?? 1)
         if let wait = try WardenConfiguration.positive(r.child("max-key-wait")) { settings.maximumKeyWait = wait }
         return settings
@@ -272,8 +272,11 @@ func topicName(_ r: ConfigReader) throws(ConfigError) -> String? {
     return name
 }
 
-func positiveInt(_ r: ConfigReader) throws(ConfigError) -> Int? {
+/// A whole number from 1 to `limit`: a count or size beyond what a process can hold is refused
+/// here, not met later as an overflow or a trap in `run`.
+func positiveInt(_ r: ConfigReader, atMost limit: Int = 1_000_000_000) throws(ConfigError) -> Int? {
     guard let text = try r.string() else { return nil }
-    guard let n = Int(text.trimmingCharacters(in: .whitespaces)), n > 0 else { throw r.error("\"\(text)\" is not a positive whole number") }
+    guard let n = Int(text.trimmingCharacters(in: .whitespaces)), n > 0 else { throw r.error("\"\(text.prefix(64))\" is not a positive whole number") }
+    guard n <= limit else { throw r.error("\(n) is more than the \(limit) allowed") }
     return n
 }

@@ -77,6 +77,15 @@ struct OperatorConfigurationTests {
         #expect(error("kafka: {brokers: embedded, properties: {sasl.password-file: empty}}", files: ["empty": "\n"]).contains("is empty"))
     }
 
+    /// Counts beyond what a process can hold are refused by the configuration, not met in `run`
+    /// as an overflow (`max-in-flight` times the spans it allows) or a trap.
+    @Test func hugeCountsAreRefused() throws {
+        #expect(error("kafka: {brokers: embedded, max-in-flight: 200000000000000000}").contains("kafka.max-in-flight"))
+        #expect(error("kafka: {brokers: embedded, embedded-partitions: 3000000000}").contains("more than the 1000 allowed"))
+        #expect(error("kafka: {brokers: embedded, concurrency: 99999999999999999999}").contains("is not a positive whole number"))
+        #expect(try parse("kafka: {brokers: embedded, max-in-flight: 1000000, embedded-partitions: 1000}").kafka?.maximumInFlight == 1_000_000)
+    }
+
     /// A property Warden sets itself cannot be given: copied from another client's settings,
     /// `enable.auto.commit: true` would commit offsets of events not yet durable.
     @Test(arguments: ["enable.auto.commit", "enable.auto.offset.store", "auto.commit.enable", "group.id", "bootstrap.servers",
