@@ -24,6 +24,9 @@ public final class KafkaTopicReader {
     private var remaining: Set<Int32> = []
     /// Messages to read in all (an upper bound: some may lie outside the time range).
     public let total: Int64
+    /// When the partitions' ends were taken (seconds since 1970): a message consumed later by
+    /// anyone may lie past them, beyond what this reader reads.
+    public let endsTakenAt: Double
 
     /// `from`, `to`: seconds since 1970.
     public init(bootstrapServers: String, properties: KafkaProperties, topic: String, from: Double?, to: Double?,
@@ -59,6 +62,7 @@ public final class KafkaTopicReader {
         let partitions = (0..<Int(described.partition_cnt)).map { described.partitions[$0].id }
 
         // Where each partition's range starts and ends.
+        endsTakenAt = Date().timeIntervalSince1970
         var starts: [Int32: Int64] = [:]
         for partition in partitions {
             var low: Int64 = 0, high: Int64 = 0

@@ -214,7 +214,7 @@ extension WardenCommand {
                 if let readFailure { throw readFailure }
                 if let topic {
                     try await replayer.eventsNotInLog(topic: topic, from: from.flatMap(RFC3339.parse) ?? 0,
-                                                      to: to.flatMap(RFC3339.parse) ?? .infinity,
+                                                      to: min(to.flatMap(RFC3339.parse) ?? .infinity, source.readsUntil),
                                                       outsideTheRange: source.isOutsideTheRange) { write([$0]) }
                 }
             } catch let error as Replayer.KeysUnavailable {

@@ -30,10 +30,15 @@ protocol ReplaySource {
     /// For a topic: whether its message at `partition`/`offset` is still on it but outside the
     /// time range (a ledger event recorded from it is not missing from the range).
     func isOutsideTheRange(partition: Int32, offset: Int64) -> Bool
+    /// For a topic: when the ends of what it reads were taken. A ledger event received later
+    /// may come from past them (a worker goes on consuming while the replay reads): no event
+    /// missing from the range.
+    var readsUntil: Double { get }
 }
 
 extension ReplaySource {
     func isOutsideTheRange(partition: Int32, offset: Int64) -> Bool { false }
+    var readsUntil: Double { .infinity }
 }
 
 struct ReplayLogError: Error, CustomStringConvertible {
@@ -210,4 +215,6 @@ struct KafkaReplaySource: ReplaySource {
     func close() { reader.close() }
 
     func isOutsideTheRange(partition: Int32, offset: Int64) -> Bool { reader.isOutsideTheRange(partition: partition, offset: offset) }
+
+    var readsUntil: Double { reader.endsTakenAt }
 }

@@ -268,7 +268,7 @@ struct ReplayTests {
         ledger: sqlite:ledger.sqlite
         """.write(to: config, atomically: true, encoding: .utf8)
         // In the range: one the ledger holds, one it never saw; before it: one ignored.
-        let start = 1_900_000_000.0
+        let start = (Date().timeIntervalSince1970 - 120).rounded(.down)
         let seen = try WorkerTests.token(jti: "seen", subject: "a", key: WorkerTests.rsa)
         let unseen = try WorkerTests.token(jti: "unseen", subject: "b", key: WorkerTests.rsa)
         let early = try WorkerTests.token(jti: "early", subject: "c", key: WorkerTests.rsa)
@@ -298,13 +298,17 @@ struct ReplayTests {
         _ = try await ledger.claim(event("early", early, source: "kafka:security-events/1/0", at: start + 5), outcome: .processed, steps: [])
         // Recorded from the topic in the range, but no longer on it (retention).
         _ = try await ledger.claim(event("gone", "x.y.z", source: "kafka:security-events/0/0", at: start + 30), outcome: .processed, steps: [])
+        // Received by a worker after the replay took the topic's ends (it goes on consuming
+        // meanwhile), from an offset past them: not missing from what the replay read.
+        _ = try await ledger.claim(event("later", "x.y.z", source: "kafka:security-events/1/99", at: Date().timeIntervalSince1970 + 600),
+                                   outcome: .processed, steps: [])
         // From another topic: not this replay's business.
         _ = try await ledger.claim(event("other", "x.y.z", source: "kafka:other/0/0", at: start + 30), outcome: .processed, steps: [])
         await ledger.close()
 
         let report = directory.appendingPathComponent("report.jsonl")
         let result = try await Warden.run(["replay", "--config", config.path, "--topic", "security-events",
-                                           "--from", RFC3339.string(from: start), "--to", RFC3339.string(from: start + 3600),
+                                           "--from", RFC3339.string(from: start), "--to", RFC3339.string(from: start + 3 * 3600),
                                            "--report", report.path])
         #expect(result.status == 1, "\(result.stdout)\(result.stderr)")
         let lines = try String(contentsOf: report, encoding: .utf8).split(separator: "\n").map { try #require(try JSONParser.parse(String($0)).objectValue) }
@@ -314,7 +318,7 @@ struct ReplayTests {
         // --apply repairs what it can (the unseen event is claimed), and still exits 1: an event
         // gone from the topic is no replay's to repair.
         let applied = try await Warden.run(["replay", "--config", config.path, "--topic", "security-events",
-                                            "--from", RFC3339.string(from: start), "--to", RFC3339.string(from: start + 3600), "--apply"])
+                                            "--from", RFC3339.string(from: start), "--to", RFC3339.string(from: start + 3 * 3600), "--apply"])
         #expect(applied.status == 1, "\(applied.stdout)\(applied.stderr)")
         #expect(try SQLiteLedgerReader(path: ledgerPath).events().map(\.jti).contains("unseen"))
     }
