@@ -218,6 +218,7 @@ extension WardenCommand {
                                                       outsideTheRange: source.isOutsideTheRange) { write([$0]) }
                 }
             } catch let error as Replayer.KeysUnavailable {
+                write(error.findings)
                 await door?.finish()
                 progress.finish()
                 // What was found before the stop is kept.

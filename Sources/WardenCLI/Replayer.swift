@@ -80,6 +80,8 @@ final class Replayer {
     struct KeysUnavailable: Error, CustomStringConvertible {
         var position: String
         var reason: String
+        /// What the entries of its batch before it came to: compared, and applied with `--apply`.
+        var findings: [ReplayFinding] = []
         var description: String { "\(position): \(reason)" }
     }
 
@@ -170,6 +172,14 @@ final class Replayer {
 
     /// Classifies one verified batch against the ledger; with a door, does what is missing.
     func classify(_ entries: [ReplayEntry], _ results: [Verdict?]) async throws -> [ReplayFinding] {
+        // Keys unavailable stop the replay there: every entry of the batch before it is still
+        // compared (and repaired), and its findings go with the stop.
+        if let cut = results.firstIndex(where: { if case .invalid(let error)? = $0 { error.isRetryable } else { false } }),
+           case .invalid(let error)? = results[cut] {
+            var stop = KeysUnavailable(position: entries[cut].position, reason: error.description)
+            if cut > 0 { stop.findings = try await classify(Array(entries[..<cut]), Array(results[..<cut])) }
+            throw stop
+        }
         var findings: [ReplayFinding] = []
         findings.reserveCapacity(entries.count)
         var lookups: [EventKey] = []

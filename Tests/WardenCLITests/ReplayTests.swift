@@ -217,6 +217,33 @@ struct ReplayTests {
         #expect(dry.statuses == ["never-processed", "ok", "ok"], "\(dry.stdout)")
     }
 
+    /// Keys unavailable stop the replay with exit 3, after comparing every entry before the one
+    /// that needed them, those of its own batch included.
+    @Test func keysUnavailableStopAfterComparingTheEntriesBeforeThem() async throws {
+        let (directory, config, path) = try AuditExportTests.ledgerFolder()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        await (try SQLiteLedger(path: path)).close()
+        let unreachable = "https://unreachable.example"
+        try """
+        \(WorkerTests.issuerSection("jwks-file: jwks.json"))
+          - issuer: \(unreachable)
+            jwks-uri: http://127.0.0.1:1/jwks
+            key-retry-interval: 100ms
+            audiences: [\(WorkerTests.audience)]
+            algorithms: [ES256]
+        ledger: sqlite:ledger.sqlite
+        """.write(to: config, atomically: true, encoding: .utf8)
+        let stranded = try SETMinter.token(claims: SETMinter.riscClaims(issuer: unreachable, audience: WorkerTests.audience,
+                                                                         subject: "s", jti: "stranded"), key: WorkerTests.ec)
+        let log = directory.appendingPathComponent("keys.log")
+        try ([try WorkerTests.token(jti: "before-1", subject: "a"), try WorkerTests.token(jti: "before-2", subject: "b"), stranded,
+              try WorkerTests.token(jti: "after", subject: "c")].joined(separator: "\n") + "\n").write(to: log, atomically: true, encoding: .utf8)
+        let stopped = try await Self.replay(config, log)
+        #expect(stopped.status == 3, "\(stopped.stdout)")
+        #expect(stopped.lines.map { $0["jti"]?.stringValue ?? "" } == ["before-1", "before-2"], "\(stopped.lines)")
+        #expect(stopped.statuses == ["never-processed", "never-processed"])
+    }
+
     /// The same holds for an old lifting event whose own steps failed: run again now, they would
     /// undo the later event of its subject. They are left failed, a discrepancy still.
     @Test func anOldLiftingEventsFailedStepsAreNotRunAgainAfterALaterOneOfItsSubject() async throws {
