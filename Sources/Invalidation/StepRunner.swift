@@ -138,6 +138,16 @@ public protocol ActionPermit: Sendable {
     func endAction()
 }
 
+extension ActionPermit {
+    /// Whether no action may start for the message now (its door took it back), asked without
+    /// starting one.
+    public var refusesActions: Bool {
+        guard beginAction() else { return true }
+        endAction()
+        return false
+    }
+}
+
 /// An event whose steps are to run.
 public struct EventSteps: Sendable {
     public var eventID: Int64

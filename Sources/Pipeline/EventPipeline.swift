@@ -392,21 +392,18 @@ final class WaitingRoom: Sendable {
         for waiter in waiters { waiter.resume() }
     }
 
+    /// The records waiting for keys (not those queued behind them), lane by lane.
+    private func waitingEntries() -> [Entry] {
+        state.withLock { s in s.order.flatMap { (s.lanes[$0] ?? []).filter { $0.checked.waitingLane != nil } } }
+    }
+
     /// Waiting records whose door took them back (their Kafka partition went to another member,
     /// which reads them again) leave the room, settled `.abandoned`: neither verified again nor
     /// given up. Staying, one would hold its lane for as long as its issuer's keys cannot be had,
     /// and the copy read again if the partition comes back, behind it, would never leave.
     /// Whether any left.
     private func leaveTakenBack(processor: EventProcessor) -> Bool {
-        let waiting = state.withLock { s in
-            s.order.flatMap { (s.lanes[$0] ?? []).filter { $0.checked.waitingLane != nil } }
-        }
-        let takenBack = Set(waiting.filter { entry in
-            let acknowledgement = entry.checked.record.acknowledgement
-            guard acknowledgement.beginAction() else { return true }
-            acknowledgement.endAction()
-            return false
-        }.map(\.id))
+        let takenBack = Set(waitingEntries().filter { $0.checked.record.acknowledgement.refusesActions }.map(\.id))
         guard !takenBack.isEmpty else { return false }
         let left = state.withLock { s -> [EventProcessor.Checked] in
             var left: [EventProcessor.Checked] = []
@@ -438,9 +435,7 @@ final class WaitingRoom: Sendable {
     /// would be left with nothing to run them), or cannot tell.
     private func giveUp(_ checked: EventProcessor.Checked, after wait: Duration,
                         processor: EventProcessor) async -> EventProcessor.Checked? {
-        let acknowledgement = checked.record.acknowledgement
-        guard acknowledgement.beginAction() else { return nil }
-        acknowledgement.endAction()
+        guard !checked.record.acknowledgement.refusesActions else { return nil }
         guard let stored = try? await processor.storedEvents(holding: [checked.record.message]), stored.isEmpty else { return nil }
         let reason = if case .failure(let error) = checked.result { error.description } else { "" }
         processor.logger.error("issuer keys unavailable for too long; the message is refused and dead-lettered", metadata: [
@@ -478,9 +473,7 @@ final class WaitingRoom: Sendable {
             guard await processor.stop.pause(processor.backoff(attempt)) else { return }
             attempt += 1
             var changed = leaveTakenBack(processor: processor)
-            let waiting = state.withLock { s in
-                s.order.flatMap { (s.lanes[$0] ?? []).filter { $0.checked.waitingLane != nil } }
-            }
+            let waiting = waitingEntries()
             for entry in waiting {
                 var again = await processor.checkAgain(entry.checked, arrivalWindow: arrivalWindow)
                 if again.waitingLane != nil, let maximumWait, entry.since.duration(to: .now) >= maximumWait,

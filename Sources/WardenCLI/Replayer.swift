@@ -174,8 +174,8 @@ final class Replayer {
     func classify(_ entries: [ReplayEntry], _ results: [Verdict?]) async throws -> [ReplayFinding] {
         // Keys unavailable stop the replay there: every entry of the batch before it is still
         // compared (and repaired), and its findings go with the stop.
-        if let cut = results.firstIndex(where: { if case .invalid(let error)? = $0 { error.isRetryable } else { false } }),
-           case .invalid(let error)? = results[cut] {
+        for (cut, result) in results.enumerated() {
+            guard case .invalid(let error)? = result, error.isRetryable else { continue }
             var stop = KeysUnavailable(position: entries[cut].position, reason: error.description)
             if cut > 0 { stop.findings = try await classify(Array(entries[..<cut]), Array(results[..<cut])) }
             throw stop
@@ -200,8 +200,6 @@ final class Replayer {
                 findings.append(ReplayFinding(position: entry.position, jti: nil, issuer: nil, valid: false,
                                               error: ("invalid_request", entry.malformed ?? "not a token"), types: [], status: .invalid,
                                               planned: [], time: entry.receivedAt))
-            case .invalid(let error) where error.isRetryable:
-                throw KeysUnavailable(position: entry.position, reason: error.description)
             case .invalid(let error):
                 // Not even shaped as a compact token: as good as no token.
                 if error.kind == .malformed || error.kind == .tooLarge {
@@ -276,31 +274,22 @@ final class Replayer {
     private func apply(_ entries: [ReplayEntry], _ findings: inout [ReplayFinding], door: ReplayDoor) async throws {
         var chosen: [Int] = []
         for i in findings.indices where findings[i].valid {
-            switch findings[i].status {
-            case .neverProcessed, .verdictChanged, .plannedNotDone:
-                // Lifting a restriction after a later event of the subject would undo that one
-                // (its own steps, or steps it left failed, made now): left to the operator, a
-                // discrepancy still.
-                if let (subject, issuedAt) = findings[i].restoring, let issuer = findings[i].issuer,
-                   let later = try await ledger.laterEvent(issuer: issuer, subject: subject, issuedAfter: issuedAt) {
-                    findings[i].applied = "not applied: it lifts a restriction, and ledger event \(later) of its subject came after it"
-                    statistics.unrepaired += 1
-                    continue
-                }
-            default:
-                break
+            let status = findings[i].status
+            guard status == .neverProcessed || status == .verdictChanged || status == .plannedNotDone else { continue }
+            // Lifting a restriction after a later event of the subject would undo that one (its
+            // own steps, or steps it left failed, made now): left to the operator, a discrepancy
+            // still.
+            if let (subject, issuedAt) = findings[i].restoring, let issuer = findings[i].issuer,
+               let later = try await ledger.laterEvent(issuer: issuer, subject: subject, issuedAfter: issuedAt) {
+                findings[i].applied = "not applied: it lifts a restriction, and ledger event \(later) of its subject came after it"
+                statistics.unrepaired += 1
+                continue
             }
-            switch findings[i].status {
-            case .neverProcessed, .verdictChanged:
-                chosen.append(i)
-            case .plannedNotDone:
-                if let id = findings[i].eventID, findings[i].ledgerSteps?.contains(where: { $0.status == .failed }) == true {
-                    _ = try await ledger.reopenFailedSteps(ofEvent: id, reason: "warden replay --apply (\(entries[i].position))")
-                }
-                chosen.append(i)
-            default:
-                break
+            if status == .plannedNotDone, let id = findings[i].eventID,
+               findings[i].ledgerSteps?.contains(where: { $0.status == .failed }) == true {
+                _ = try await ledger.reopenFailedSteps(ofEvent: id, reason: "warden replay --apply (\(entries[i].position))")
             }
+            chosen.append(i)
         }
         guard !chosen.isEmpty else { return }
         let now = Date().timeIntervalSince1970
