@@ -108,12 +108,14 @@ public struct TargetExecutor: StepExecutor {
         switch action {
         case .purgeSet, .purgeKeys, .purgePattern, .setFlag, .deleteToken, .deleteTokens:
             return await redis.execute(action, context: context)
-        case .revokeTokens(let store, let target, let hint):
+        case .revokeTokens(let store, let target, let hint, let planned):
             guard case .revoke(let endpoint)? = targets[target] else { return .failed("no revoke target named \"\(target)\"") }
-            guard let user = context.user else { return .failed("the subject resolved to no local user") }
+            guard let user = planned ?? context.user else { return .failed("the subject resolved to no local user") }
             return await revokeTokens(of: user, store: store, hint: hint, at: endpoint)
-        case .notify(let target):
+        case .notify(let target, let planned):
             guard case .webhook(let endpoint)? = targets[target] else { return .failed("no webhook target named \"\(target)\"") }
+            var context = context
+            if let planned { context.user = planned }
             return await webhooks.notify(context, eventType: context.eventType, at: endpoint)
         case .sql:
             return await sql.execute(action, context: context)

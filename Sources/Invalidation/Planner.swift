@@ -72,6 +72,18 @@ public struct Planner: Sendable {
     /// Placeholders a template may use.
     public static let placeholders: Set<String> = ["user", "sub", "iss", "email", "phone", "sid", "jti", "event", "reason"]
 
+    /// Placeholders whose value is an issuer's name for the subject: two issuers may give one
+    /// value to different people, so with several issuers a text naming one must name `{iss}` too.
+    public static let subjectPlaceholders: Set<String> = ["sub", "email", "phone", "sid"]
+
+    /// The first subject placeholder in `texts` when none of them holds `{iss}`: taken together
+    /// (one SQL statement's parameters, one step), they would name a subject of any issuer.
+    public static func unscopedSubjectPlaceholder(in texts: [String]) -> String? {
+        let names = texts.flatMap(placeholderNames(in:))
+        guard !names.contains("iss") else { return nil }
+        return names.first(where: subjectPlaceholders.contains)
+    }
+
     /// The placeholder names in `template` (`{user}` → `user`), in order; unbalanced braces are
     /// reported as a name that is never valid.
     public static func placeholderNames(in template: String) -> [String] {
@@ -147,10 +159,15 @@ public struct Planner: Sendable {
 
     /// The action with its placeholders filled, or why it cannot be.
     static func fill(_ action: StepAction, values: [String: String]) -> Result<StepAction, SkippedStep.Reason> {
-        // Steps on a user's token store need the user even though they hold no template.
+        // Steps on a user's token store need the user even though they hold no template, and
+        // keep the one they were planned for.
         switch action {
-        case .deleteTokens, .revokeTokens:
-            if values["user"]?.isEmpty ?? true { return .failure(.unresolvedSubject) }
+        case .deleteTokens(let store, _):
+            guard let user = values["user"], !user.isEmpty else { return .failure(.unresolvedSubject) }
+            return .success(.deleteTokens(store: store, user: user))
+        case .revokeTokens(let store, let target, let hint, _):
+            guard let user = values["user"], !user.isEmpty else { return .failure(.unresolvedSubject) }
+            return .success(.revokeTokens(store: store, target: target, tokenTypeHint: hint, user: user))
         default: break
         }
         do throws(SkippedStep.Reason) {
@@ -171,7 +188,9 @@ public struct Planner: Sendable {
                 var filled: [String] = []
                 for parameter in parameters { filled.append(try text(parameter)) }
                 return .success(.sql(target: target, statement: statement, parameters: filled))
-            case .deleteToken, .deleteTokens, .revokeTokens, .notify:
+            case .notify(let target, _):
+                return .success(.notify(target: target, user: values["user"].flatMap { $0.isEmpty ? nil : $0 }))
+            case .deleteToken, .deleteTokens, .revokeTokens:
                 return .success(action)
             }
         } catch {

@@ -13,12 +13,17 @@ public enum StepAction: Sendable, Hashable, Codable {
     case setFlag(target: String, key: String, value: String, ttl: Double?)
     /// Deletes the held token the event names (by `prefix` or hash identifier) from a token store.
     case deleteToken(store: String)
-    /// Deletes every token a store holds for the user.
-    case deleteTokens(store: String)
+    /// Deletes every token a store holds for the user. `user`: the local user the plan was made
+    /// for, filled by the planner, so a step run later (redelivered, replayed) acts on that user
+    /// even if the subject now resolves to another; nil in a policy rule (and in steps planned
+    /// before the user was kept with them, which act on the user the subject resolves to).
+    case deleteTokens(store: String, user: String? = nil)
     /// Revokes every token a store holds for the user at an RFC 7009 endpoint, then deletes it.
-    case revokeTokens(store: String, target: String, tokenTypeHint: String?)
-    /// POSTs the normalized event to a webhook target.
-    case notify(target: String)
+    /// `user` as for `deleteTokens`.
+    case revokeTokens(store: String, target: String, tokenTypeHint: String?, user: String? = nil)
+    /// POSTs the normalized event to a webhook target. `user` as for `deleteTokens`: the user the
+    /// body names.
+    case notify(target: String, user: String? = nil)
     /// Runs a parameterized statement against a SQL target; parameters are placeholder texts.
     case sql(target: String, statement: String, parameters: [String])
 
@@ -43,10 +48,10 @@ public enum StepAction: Sendable, Hashable, Codable {
     /// The targets (by name) the step acts on.
     public var targets: [String] {
         switch self {
-        case .purgeSet(let t, _), .purgeKeys(let t, _), .purgePattern(let t, _), .setFlag(let t, _, _, _), .notify(let t),
+        case .purgeSet(let t, _), .purgeKeys(let t, _), .purgePattern(let t, _), .setFlag(let t, _, _, _), .notify(let t, _),
              .sql(let t, _, _):
             [t]
-        case .revokeTokens(_, let t, _): [t]
+        case .revokeTokens(_, let t, _, _): [t]
         case .deleteToken, .deleteTokens: []
         }
     }
@@ -54,7 +59,7 @@ public enum StepAction: Sendable, Hashable, Codable {
     /// The token store (by name) the step reads, if any.
     public var store: String? {
         switch self {
-        case .deleteToken(let s), .deleteTokens(let s), .revokeTokens(let s, _, _): s
+        case .deleteToken(let s), .deleteTokens(let s, _), .revokeTokens(let s, _, _, _): s
         default: nil
         }
     }
@@ -72,14 +77,23 @@ public enum StepAction: Sendable, Hashable, Codable {
             ("setFlag", [("target", .string(target)), ("key", .string(key)), ("value", .string(value))]
                 + optional("ttl", ttl.map { .number($0) }))
         case .deleteToken(let store): ("deleteToken", [("store", .string(store))])
-        case .deleteTokens(let store): ("deleteTokens", [("store", .string(store))])
-        case .revokeTokens(let store, let target, let hint):
-            ("revokeTokens", [("store", .string(store)), ("target", .string(target))] + optional("tokenTypeHint", hint.map { .string($0) }))
-        case .notify(let target): ("notify", [("target", .string(target))])
+        case .deleteTokens(let store, let user): ("deleteTokens", [("store", .string(store))] + optional("user", user.map { .string($0) }))
+        case .revokeTokens(let store, let target, let hint, let user):
+            ("revokeTokens", [("store", .string(store)), ("target", .string(target))] + optional("tokenTypeHint", hint.map { .string($0) })
+                + optional("user", user.map { .string($0) }))
+        case .notify(let target, let user): ("notify", [("target", .string(target))] + optional("user", user.map { .string($0) }))
         case .sql(let target, let statement, let parameters):
             ("sql", [("target", .string(target)), ("statement", .string(statement)), ("parameters", strings(parameters))])
         }
         return .object(JSONObject([(name, .object(JSONObject(members)))]))
+    }
+
+    /// Whether the step acts on, or names, the local user the subject resolved to.
+    public var usesUser: Bool {
+        switch self {
+        case .deleteTokens, .revokeTokens, .notify: true
+        default: templates.contains { Planner.placeholderNames(in: $0).contains("user") }
+        }
     }
 
     /// Every text that may hold placeholders.
@@ -207,7 +221,13 @@ extension Policy {
     /// What Google's guide requires and suggests for each of its event types (SPEC §1.4), and
     /// sensible defaults for CAEP, RISC 1.0, OAuth and back-channel logout events. Verification
     /// and stream events get no steps (they are recorded as processed).
-    public static let builtIn: Policy = {
+    public static let builtIn: Policy = builtIn(severalIssuers: false)
+
+    /// The built-in policy for a deployment with one issuer or several. With several, a
+    /// back-channel logout's `sid` may be one another issuer also gave (the built-in key
+    /// `session:{sid}` does not name the issuer), so a logout ends every session of the user the
+    /// signer's subject resolved to: more than the one session, never another issuer's.
+    public static func builtIn(severalIssuers: Bool) -> Policy {
         let purgeSessions = StepAction.purgeSet(target: sessionsTarget, set: sessionSet)
         let notify = StepAction.notify(target: appTarget)
         let disableSignIn = StepAction.setFlag(target: sessionsTarget, key: signInFlag, value: "1", ttl: nil)
@@ -255,11 +275,11 @@ extension Policy {
             EventURIPrefix.ssf + "verification": [],
             EventURIPrefix.ssf + "stream-updated": [],
             // Back-channel logout: the session named by `sid`, or without one every session of the user.
-            EventURIPrefix.backchannelLogout: [
+            EventURIPrefix.backchannelLogout: severalIssuers ? [PolicyRule(purgeSessions)] : [
                 PolicyRule(when: Condition([("sid", .present)]), .purgeKeys(target: sessionsTarget, keys: ["session:{sid}"])),
                 PolicyRule(when: Condition([("sid", .absent)]), purgeSessions),
             ],
         ]
         return Policy(rules: rules)
-    }()
+    }
 }

@@ -42,8 +42,8 @@ public struct RedisStepExecutor: StepExecutor {
             case .deleteToken(let storeName):
                 guard let reference = context.namedToken else { return .failed("the event names no token to delete") }
                 return try await deleteToken(reference, in: try store(storeName))
-            case .deleteTokens(let storeName):
-                guard let user = context.user else { return .failed("the subject resolved to no local user") }
+            case .deleteTokens(let storeName, let planned):
+                guard let user = planned ?? context.user else { return .failed("the subject resolved to no local user") }
                 return try await deleteTokens(of: user, in: try store(storeName))
             case .revokeTokens, .notify, .sql:
                 return .failed("\(action.kind) is not a Redis step")

@@ -22,7 +22,12 @@ public struct InvalidationConfiguration: Sendable {
     /// configuration is read: a reload notices a file replaced in place under the same name.
     public var targetFileDigests: [String: String] = [:]
 
-    static func parse(_ root: ConfigReader) throws(ConfigError) -> InvalidationConfiguration {
+    /// `issuers`: how many issuers are configured. With several, every text that names a
+    /// subject (`{sub}`, `{email}`, `{phone}`, `{sid}`) must name its issuer (`{iss}`) too, and
+    /// `identity` is refused: a subject is always scoped to the issuer that signed the token, and
+    /// two issuers may give one `sub` to different people.
+    static func parse(_ root: ConfigReader, issuers: Int) throws(ConfigError) -> InvalidationConfiguration {
+        let scope = SubjectScope(severalIssuers: issuers > 1)
         var targets: [String: TargetSettings] = [:]
         let targetsReader = root.child("targets")
         for name in try targetsReader.keys() { targets[name] = try target(targetsReader.child(name)) }
@@ -44,7 +49,7 @@ public struct InvalidationConfiguration: Sendable {
             stores[name] = TokenStoreSettings(redisTarget: target, hash: hash, index: try r.child("index").string())
         }
 
-        let subjects = try resolver(root.child("subjects"), targets: targets)
+        let subjects = try resolver(root.child("subjects"), targets: targets, scope: scope)
 
         var overrides: [String: [PolicyRule]] = [:]
         /// The policy key that configured each event type: a second key naming it (a short
@@ -59,7 +64,7 @@ public struct InvalidationConfiguration: Sendable {
                 throw r.error("unknown event type (use a short name such as sessions-revoked, or the full event-type URI)")
             }
             var rules: [PolicyRule] = []
-            for item in try r.list() { rules.append(try rule(item, targets: targets, stores: stores)) }
+            for item in try r.list() { rules.append(try rule(item, targets: targets, stores: stores, scope: scope)) }
             for uri in uris {
                 if let other = configuredBy[uri] {
                     throw r.error("configures the same event type as policy.\(other) (\(uri)): give its steps in one place")
@@ -73,9 +78,18 @@ public struct InvalidationConfiguration: Sendable {
         var conventional = Set<String>()
         if case .redis? = targets[Policy.sessionsTarget] { conventional.insert(Policy.sessionsTarget) }
         if case .webhook? = targets[Policy.appTarget] { conventional.insert(Policy.appTarget) }
-        let builtIn = Policy.builtIn.keepingOnly(targets: conventional, stores: Set(stores.keys))
+        let builtIn = Policy.builtIn(severalIssuers: scope.severalIssuers).keepingOnly(targets: conventional, stores: Set(stores.keys))
         let policy = builtIn.0.overridden(by: overrides)
         let leftOut = builtIn.1.filter { overrides[$0.0] == nil }.map { (eventType: $0.0, rule: $0.1) }
+        if scope.severalIssuers, subjects == .identity,
+           let (type, rule) = policy.rules.sorted(by: { $0.key < $1.key }).lazy
+               .compactMap({ entry in entry.value.first(where: \.action.usesUser).map { (entry.key, $0) } }).first
+        {
+            throw root.child("subjects").child("resolve").error(
+                "identity (the default) takes each issuer's sub as the local user id, and with several issuers one issuer's sub "
+                + "could name another's user (\(Self.shortName(type)): \(Self.describe(rule.action)) acts on it): resolve with "
+                + "{redis: …, key: \"…{iss}…{sub}…\"} or {sql: …} with {iss} among its parameters")
+        }
         return InvalidationConfiguration(targets: targets, tokenStores: stores, subjects: subjects, policy: policy,
                                          leftOut: leftOut, targetFileDigests: fileDigests(targets))
     }
@@ -229,7 +243,7 @@ public struct InvalidationConfiguration: Sendable {
         }
     }
 
-    static func resolver(_ r: ConfigReader, targets: [String: TargetSettings]) throws(ConfigError) -> SubjectResolverSettings {
+    static func resolver(_ r: ConfigReader, targets: [String: TargetSettings], scope: SubjectScope) throws(ConfigError) -> SubjectResolverSettings {
         try r.requireOnly(["resolve"])
         let c = r.child("resolve")
         if !c.isPresent { return .identity }
@@ -243,6 +257,7 @@ public struct InvalidationConfiguration: Sendable {
             guard case .redis? = targets[target] else { throw c.child("redis").error("\"\(target)\" is not a redis target in targets:") }
             let key = try c.child("key").requiredString()
             try placeholders(key, c.child("key"), allowUser: false)
+            try scope.check([key], c.child("key"))
             return .redis(target: target, key: key)
         }
         let query = try c.child("sql").requiredString()
@@ -252,11 +267,12 @@ public struct InvalidationConfiguration: Sendable {
         for (i, parameter) in parameters.enumerated() {
             try placeholders(parameter, c.child("parameters").child(String(i)), allowUser: false)
         }
+        try scope.check(parameters, c.child("parameters"))
         return .sql(target: target, query: query, parameters: parameters)
     }
 
-    static func rule(_ r: ConfigReader, targets: [String: TargetSettings], stores: [String: TokenStoreSettings])
-        throws(ConfigError) -> PolicyRule
+    static func rule(_ r: ConfigReader, targets: [String: TargetSettings], stores: [String: TokenStoreSettings],
+                     scope: SubjectScope) throws(ConfigError) -> PolicyRule
     {
         try r.requireOnly(["when"] + StepAction.kinds)
         let kinds = try r.keys().filter { $0 != "when" }
@@ -341,7 +357,30 @@ public struct InvalidationConfiguration: Sendable {
             for (i, parameter) in parameters.enumerated() { try placeholders(parameter, s.child("parameters").child(String(i))) }
             action = .sql(target: try target("sql"), statement: try s.child("statement").requiredString(), parameters: parameters)
         }
+        // What names whose keys or rows a step touches: each Redis key on its own, a statement's
+        // parameters together. A flag's value and a webhook's body are data, not a selector.
+        let selectors: [[String]] = switch action {
+        case .purgeSet(_, let set): [[set]]
+        case .purgeKeys(_, let keys): keys.map { [$0] }
+        case .purgePattern(_, let pattern): [[pattern]]
+        case .setFlag(_, let key, _, _): [[key]]
+        case .sql(_, _, let parameters): [parameters]
+        case .deleteToken, .deleteTokens, .revokeTokens, .notify: []
+        }
+        for texts in selectors { try scope.check(texts, s) }
         return PolicyRule(when: when, action)
+    }
+
+    /// Whether texts naming a subject must name its issuer too.
+    struct SubjectScope {
+        var severalIssuers: Bool
+
+        /// Refuses, with several issuers, texts that together name a subject but not its issuer.
+        func check(_ texts: [String], _ r: ConfigReader) throws(ConfigError) {
+            guard severalIssuers, let name = Planner.unscopedSubjectPlaceholder(in: texts) else { return }
+            throw r.error("{\(name)} names a subject without its issuer: with several issuers, two may give one {\(name)} "
+                + "to different people, so name {iss} too")
+        }
     }
 
     /// Refuses unknown placeholders (and `{user}` where no user is known yet).
@@ -390,10 +429,10 @@ extension InvalidationConfiguration {
         case .purgePattern(let t, let pattern): "purge-pattern \(pattern) on \(t)"
         case .setFlag(let t, let key, let value, let ttl): "set-flag \(key)=\(value)\(ttl.map { " ttl \(Int($0))s" } ?? "") on \(t)"
         case .deleteToken(let store): "delete-token (the token the event names) from store \(store)"
-        case .deleteTokens(let store): "delete-tokens (every token held for {user}) from store \(store)"
-        case .revokeTokens(let store, let t, let hint):
+        case .deleteTokens(let store, _): "delete-tokens (every token held for {user}) from store \(store)"
+        case .revokeTokens(let store, let t, let hint, _):
             "revoke-tokens held in store \(store) at \(t)\(hint.map { " (hint \($0))" } ?? ""), then delete them"
-        case .notify(let t): "notify \(t)"
+        case .notify(let t, _): "notify \(t)"
         case .sql(let t, let statement, let parameters): "sql on \(t): \(statement) [\(parameters.joined(separator: ", "))]"
         }
     }

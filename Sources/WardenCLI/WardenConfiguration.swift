@@ -106,7 +106,7 @@ public struct WardenConfiguration: Sendable {
             issuers: issuers, maximumTokenBytes: maximum, kafka: try KafkaSettings.parse(root.child("kafka")),
             http: try HTTPSettings.parse(root.child("http")), receiver: try ReceiverSettings.parse(root.child("receiver")),
             ledger: root.child("ledger").isPresent ? try LedgerLocation.parse(root.child("ledger")) : nil,
-            invalidation: try InvalidationConfiguration.parse(root), streams: streams,
+            invalidation: try InvalidationConfiguration.parse(root, issuers: issuers.count), streams: streams,
             logLevel: try logLevel(root.child("logging")),
             ledgerRetention: try LedgerLocation.retention(root.child("ledger"), issuers: issuers),
             outboundCAFile: try outboundCAFile(root.child("http-client")),

@@ -45,8 +45,10 @@ struct HTTPStepTests {
             _ = try await redis.send(["HSET", "oauth-tokens:u1", "t\(i)", token])
             for key in HeldTokenIdentifiers(token: token).indexKeys { _ = try await redis.send(["HSET", "idx", key, "u1/t\(i)"]) }
         }
-        let context = StepContext(token: token(EventURIPrefix.oauth + "tokens-revoked"), user: "u1")
-        let outcome = await executor.execute(.revokeTokens(store: "tokens", target: "google-revoke", tokenTypeHint: "refresh_token"),
+        // The step acts on the user it was planned for (u1), not the one the subject resolves to
+        // when it runs.
+        let context = StepContext(token: token(EventURIPrefix.oauth + "tokens-revoked"), user: "u2")
+        let outcome = await executor.execute(.revokeTokens(store: "tokens", target: "google-revoke", tokenTypeHint: "refresh_token", user: "u1"),
                                              context: context)
         #expect(outcome.result == "done")
         let requests = server.recordedRequests("/revoke")
@@ -139,6 +141,14 @@ struct HTTPStepTests {
         let expected = HMAC<SHA256>.authenticationCode(for: Array(("1700000000." + request.body).utf8), using: SymmetricKey(data: secret))
         #expect(request.headers["warden-signature"] == "t=1700000000,v1=" + expected.map { String(format: "%02x", $0) }.joined())
         #expect(request.headers["warden-event-id"] == "https://accounts.google.com/ j-1")
+
+        // A planned notify step names the user it was planned for, whoever the subject resolves to
+        // when it runs (a step resumed after a restart, or replayed).
+        let executor = TargetExecutor(redis: RedisStepExecutor(clients: [:], stores: [:]), revocation: RevocationClient(http: Self.http),
+                                      webhooks: notifier, targets: ["app": .webhook(hook)])
+        #expect(await executor.execute(.notify(target: "app", user: "u-planned"), context: context).result == "done")
+        let planned = try JSONParser.parse(try #require(server.recordedRequests("/hook").last).body).objectValue
+        #expect(planned?["user"]?.stringValue == "u-planned")
 
         // A jti holding a line break (the signer's to choose) is escaped, not a header the client
         // refuses before sending — a step that could never succeed.

@@ -46,7 +46,7 @@ struct PlannerTests {
 
     @Test func sessionsRevokedPurgesTheUsersSessionSet() {
         let plan = planner.plan(token("sessions-revoked"), subject: .user("u-42"))
-        #expect(plan.steps.map(\.action) == [.purgeSet(target: "sessions", set: "user-sessions:u-42"), .notify(target: "app")])
+        #expect(plan.steps.map(\.action) == [.purgeSet(target: "sessions", set: "user-sessions:u-42"), .notify(target: "app", user: "u-42")])
         #expect(plan.skipped.isEmpty && plan.unknownTypes.isEmpty)
     }
 
@@ -59,7 +59,7 @@ struct PlannerTests {
     @Test func tokensRevokedEndsSessionsAndDeletesHeldTokens() {
         let plan = planner.plan(token(EventURIPrefix.oauth + "tokens-revoked"), subject: .user("u-7"))
         #expect(plan.steps.map(\.action) == [.purgeSet(target: "sessions", set: "user-sessions:u-7"),
-                                              .deleteTokens(store: "tokens"), .notify(target: "app")])
+                                              .deleteTokens(store: "tokens", user: "u-7"), .notify(target: "app", user: "u-7")])
     }
 
     @Test func tokenRevokedDeletesTheNamedToken() {
@@ -71,12 +71,12 @@ struct PlannerTests {
 
     @Test func accountDisabledDependsOnTheReason() {
         let hijacked = planner.plan(token("account-disabled", #"{"reason":"hijacking"}"#), subject: .user("u"))
-        #expect(hijacked.steps.map(\.action) == [.purgeSet(target: "sessions", set: "user-sessions:u"), .notify(target: "app")])
+        #expect(hijacked.steps.map(\.action) == [.purgeSet(target: "sessions", set: "user-sessions:u"), .notify(target: "app", user: "u")])
         let noReason = planner.plan(token("account-disabled"), subject: .user("u"))
         #expect(noReason.steps.map(\.action) == [.setFlag(target: "sessions", key: "signin-disabled:u", value: "1", ttl: nil),
-                                                  .notify(target: "app")])
+                                                  .notify(target: "app", user: "u")])
         let bulk = planner.plan(token("account-disabled", #"{"reason":"bulk-account"}"#), subject: .user("u"))
-        #expect(bulk.steps.map(\.action) == [.notify(target: "app")])
+        #expect(bulk.steps.map(\.action) == [.notify(target: "app", user: "u")])
     }
 
     @Test func accountEnabledClearsTheSignInFlag() {
@@ -155,7 +155,7 @@ struct ConfiguredPolicyTests {
             PolicyRule(.notify(target: "app")),
         ]])
         let plan = Planner(policy: policy).plan(token("sessions-revoked"), subject: .user("u"))
-        #expect(plan.steps.map(\.action) == [.notify(target: "app")])
+        #expect(plan.steps.map(\.action) == [.notify(target: "app", user: "u")])
         #expect(plan.steps.map(\.index) == [0])
         #expect(plan.skipped.map(\.reason) == [.missingValue("email")])
     }
@@ -245,9 +245,12 @@ struct PlannedStepTextTests {
         .setFlag(target: "flags", key: "blocked:u", value: "1", ttl: 1.5),
         .deleteToken(store: "tokens"),
         .deleteTokens(store: "tokens"),
+        .deleteTokens(store: "tokens", user: "u1"),
         .revokeTokens(store: "tokens", target: "google", tokenTypeHint: nil),
+        .revokeTokens(store: "tokens", target: "google", tokenTypeHint: "refresh_token", user: "u\"1"),
         .revokeTokens(store: "tokens", target: "google", tokenTypeHint: "refresh_token"),
         .notify(target: "app"),
+        .notify(target: "app", user: "u1"),
         .sql(target: "db", statement: "UPDATE users SET locked = true WHERE id = $1", parameters: ["u1", "x"]),
     ]
 

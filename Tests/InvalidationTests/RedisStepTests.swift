@@ -202,6 +202,12 @@ struct RedisStepTests {
         #expect(await executor.execute(.deleteTokens(store: "indexed"), context: context) == .done("2 held token(s) of the user deleted"))
         #expect(try await cli("EXISTS", "oauth-tokens:u1") == "0")
         #expect(try await cli("HLEN", "oauth-token-index") == "2")
+        // A step keeps the user it was planned for: run later (redelivered, replayed) while the
+        // subject now resolves to u1, it deletes u2's tokens, not u1's.
+        try await hold("1//0gDDDDDDDDDDDD-new", user: "u1", id: "t-4")
+        #expect(await executor.execute(.deleteTokens(store: "indexed", user: "u2"), context: context) == .done("1 held token(s) of the user deleted"))
+        #expect(try await cli("EXISTS", "oauth-tokens:u2") == "0")
+        #expect(try await cli("HGET", "oauth-tokens:u1", "t-4") == "1//0gDDDDDDDDDDDD-new")
     }
 
     @Test func unreachableRedisIsRetryAndAWrongTypeIsAPermanentFailure() async throws {

@@ -188,6 +188,76 @@ struct InvalidationConfigTests {
         #expect(error("subjects: {resolve: lookup}").contains("subjects.resolve: expected identity"))
     }
 
+    /// With several issuers a subject is scoped to the issuer that signed the token: two issuers
+    /// may give one `sub` (or email, phone, session id) to different people, so the identity
+    /// resolver, which takes `sub` as the user id, is refused, and every lookup or step text
+    /// naming a subject must name `{iss}` too. Back-channel logout's built-in `session:{sid}`
+    /// becomes "every session of the resolved user".
+    @Test func withSeveralIssuersEveryTextNamingASubjectNamesItsIssuer() throws {
+        let two = """
+            issuers:
+              - issuer: https://accounts.google.com/
+                jwks-uri: https://www.googleapis.com/oauth2/v3/certs
+                audiences: [app]
+              - issuer: https://idp.example/
+                jwks-uri: https://idp.example/jwks
+                audiences: [app]
+            targets:
+              sessions: {redis: "redis://127.0.0.1:6379/0"}
+              local: {sql: "sqlite:app.sqlite"}
+
+            """
+        func result(_ yaml: String, issuers: String = two) -> String {
+            do {
+                let c = try WardenConfiguration.parse(yaml: issuers + yaml, baseDirectory: FileManager.default.temporaryDirectory).invalidation
+                return c.planDescription
+            } catch {
+                return error.description
+            }
+        }
+        // The identity resolver, by default and written, when a step acts on the user (here the
+        // built-in purge of the user's sessions).
+        #expect(result("").contains("subjects.resolve: identity (the default) takes each issuer's sub as the local user id"))
+        #expect(result("subjects: {resolve: identity}")
+            .contains(": purge-set user-sessions:{user} on sessions acts on it)"))
+        // …but not when no step needs a user (no target of the built-in policy configured).
+        #expect(result("policy: {sessions-revoked: [{purge-pattern: {target: cache, pattern: \"s:{iss}|{sub}:*\"}}]}",
+                       issuers: two.replacingOccurrences(of: "sessions: {redis", with: "cache: {redis"))
+            .contains("purge-pattern s:{iss}|{sub}:* on cache"))
+        // Lookups: the key, or the statement's parameters taken together.
+        #expect(result("subjects: {resolve: {redis: sessions, key: \"user-by-sub:{sub}\"}}")
+            .contains("subjects.resolve.key: {sub} names a subject without its issuer"))
+        #expect(result("subjects: {resolve: {sql: \"SELECT id FROM users WHERE sub = ?\", target: local}}")
+            .contains("subjects.resolve.parameters: {sub} names a subject without its issuer"))
+        let lookup = "subjects: {resolve: {sql: \"SELECT id FROM users WHERE iss = ? AND email = ?\", target: local, parameters: [\"{iss}\", \"{email}\"]}}\n"
+        // Policy texts: each Redis key on its own, a statement's parameters together.
+        #expect(result(lookup + "policy: {sessions-revoked: [{purge-keys: {target: sessions, keys: [\"sess:{iss}\", \"sess:{sid}\"]}}]}")
+            .contains("policy.sessions-revoked[0].purge-keys: {sid} names a subject without its issuer"))
+        #expect(result(lookup + "policy: {sessions-revoked: [{set-flag: {target: sessions, key: \"f:{phone}\", value: \"{iss}\"}}]}")
+            .contains("policy.sessions-revoked[0].set-flag: {phone} names a subject without its issuer"))
+        #expect(result(lookup + "policy: {sessions-revoked: [{sql: {target: local, statement: \"UPDATE u SET x = 1 WHERE email = ?\", parameters: [\"{email}\"]}}]}")
+            .contains("policy.sessions-revoked[0].sql: {email} names a subject without its issuer"))
+        let scoped = result(lookup + """
+            policy:
+              sessions-revoked:
+                - purge-pattern: {target: sessions, pattern: "sess:{iss}|{sub}:*"}
+                - sql: {target: local, statement: "UPDATE users SET locked = 1 WHERE iss = ? AND sub = ?", parameters: ["{iss}", "{sub}"]}
+                - purge-set: {target: sessions, set: "user-sessions:{user}"}
+                - set-flag: {target: sessions, key: "f:{user}", value: "{phone}"}
+            """)
+        #expect(scoped.contains("sessions-revoked"), "\(scoped)")
+        // The built-in logout: every session of the user, whether or not a sid is named.
+        let logout = scoped.components(separatedBy: "\n").drop { !$0.hasSuffix("backchannel-logout") }.dropFirst().prefix { $0.hasPrefix("    ") }
+        #expect(Array(logout) == ["    1. purge-set user-sessions:{user} on sessions"], "\(scoped)")
+        // One issuer: all of it stands, and logout purges the named session.
+        let one = try parse("""
+            targets: {sessions: {redis: "redis://127.0.0.1:6379/0"}}
+            policy: {sessions-revoked: [{purge-keys: {target: sessions, keys: ["sess:{sid}"]}}]}
+            """)
+        #expect(one.subjects == .identity)
+        #expect(one.policy.rules(for: .backchannelLogout)?.count == 2)
+    }
+
     @Test func checkConfigPrintsThePlanAndExitsZero() async throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("warden-check-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
@@ -207,6 +277,20 @@ struct InvalidationConfigTests {
         let bad = try await Warden.run(["check-config", "--config", config.path])
         #expect(bad.status == 2)
         #expect(bad.stderr.contains("policy.sessions-revoked[0].notify.target: no target named \"app\""))
+    }
+
+    /// The configurations README's commands start pass `check-config` (`make run`'s once
+    /// `warden dev-keys` has made its key, as `make run` does first).
+    @Test func theExampleConfigurationsPassCheckConfig() async throws {
+        let root = try Warden.temporaryDirectory()
+        let examples = root.appendingPathComponent("examples")
+        try FileManager.default.copyItem(at: Warden.packageRoot.appendingPathComponent("examples"), to: examples)
+        let keys = try await Warden.run(["dev-keys", "--dir", root.appendingPathComponent(".warden/dev-keys").path, "--no-serve"])
+        #expect(keys.status == 0, "\(keys.stderr)")
+        for name in ["dev.yaml", "warden.yaml"] {
+            let out = try await Warden.run(["check-config", "--config", examples.appendingPathComponent(name).path])
+            #expect(out.status == 0, "\(name): \(out.stderr)")
+        }
     }
 }
 
