@@ -29,10 +29,14 @@ public final class KafkaProducer: Sendable {
         }
         self.logger = logger
         // Delivery reports are served by polling; a thread of its own keeps that off the pool.
+        // The error callback that records a fatal error runs here too: whoever waits on
+        // `failure()` hears of it at once.
         let thread = Thread { [client, loop] in
             while loop.running.withLock({ $0 }) {
                 rd_kafka_poll(client.handle, 100)
+                if let fatal = client.fatalError { loop.ended.end(fatal) }
             }
+            loop.ended.end(nil)
             loop.stopped.signal()
         }
         thread.name = "warden-kafka-producer"
@@ -142,6 +146,20 @@ public final class KafkaProducer: Sendable {
         }
     }
 
+    /// The fatal error librdkafka reported, if any: the producer cannot send again, and a fresh
+    /// process (a fresh producer) is what mends it.
+    public var fatalError: String? { client.fatalError }
+
+    /// Waits until the producer fails fatally (its reason) or is closed, or the task is
+    /// cancelled (nil).
+    public func failure() async -> String? { await loop.ended.wait() }
+
+    /// Makes librdkafka report a fatal error, as an idempotent producer does when the cluster
+    /// lost its sequence (for tests of what follows).
+    package func failFatally(_ reason: String) {
+        _ = rd_kafka_test_fatal_error(client.handle, RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER, reason)
+    }
+
     /// Waits up to `timeout` seconds for outstanding deliveries, then stops the poll thread.
     public func close(timeout: Double = 10) {
         let err = rd_kafka_flush(client.handle, Int32(timeout * 1000))
@@ -160,6 +178,48 @@ public final class KafkaProducer: Sendable {
 final class PollLoopState: Sendable {
     let running = Mutex(true)
     let stopped = DispatchSemaphore(value: 0)
+    let ended = EndSignal()
+}
+
+/// Ends once, with a reason or none; waiters hear the end, or nil if cancelled first.
+final class EndSignal: Sendable {
+    private struct State {
+        var ended: String?? = nil
+        var waiters: [Int: CheckedContinuation<String?, Never>] = [:]
+        var next = 0
+    }
+    private let state = Mutex(State())
+
+    func end(_ reason: String?) {
+        let waiters = state.withLock { s -> [CheckedContinuation<String?, Never>] in
+            guard s.ended == nil else { return [] }
+            s.ended = .some(reason)
+            defer { s.waiters = [:] }
+            return Array(s.waiters.values)
+        }
+        for waiter in waiters { waiter.resume(returning: reason) }
+    }
+
+    func wait() async -> String? {
+        let id = state.withLock { s -> Int in
+            defer { s.next += 1 }
+            return s.next
+        }
+        return await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<String?, Never>) in
+                let resume: String?? = state.withLock { s in
+                    if let ended = s.ended { return .some(ended) }
+                    if Task.isCancelled { return .some(nil) }
+                    s.waiters[id] = continuation
+                    return nil
+                }
+                if let resume { continuation.resume(returning: resume) }
+            }
+        } onCancel: {
+            let waiter = state.withLock { $0.waiters.removeValue(forKey: id) }
+            waiter?.resume(returning: nil)
+        }
+    }
 }
 
 /// Carries a `send` continuation through librdkafka's `msg_opaque`.

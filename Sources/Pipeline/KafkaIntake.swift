@@ -198,7 +198,11 @@ public struct KafkaDeadLetters: DeadLetterSink {
                 _ = try await producer.send(topic: topic, key: keptKey, value: Array(value.prefix(Self.truncatedBytes)), headers: copy)
             }
         } catch {
-            throw DeadLetterError(error.description, isRetryable: error.isRetryable)
+            // A fatal producer error is the producer's, not the message's: it is never mended in
+            // this process, which ends on it (the producer's service fails the group), so the
+            // message waits unsettled and is read again after the restart — not kept in the
+            // ledger only as if the cluster had refused it.
+            throw DeadLetterError(error.description, isRetryable: error.isRetryable || error.kind == .fatal)
         }
     }
 }

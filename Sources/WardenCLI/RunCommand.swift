@@ -157,8 +157,8 @@ struct Worker {
                                            configuration: .init(parallelism: kafka.concurrency))
             intake = KafkaIntake(consumer: consumer, processor: processor, maximumKeyWait: .seconds(kafka.maximumKeyWait),
                                  metrics: metrics, logger: logger, arrivalWindow: KafkaIntake.arrivalWindow(retention: configuration.ledgerRetention, issuers: configuration.issuers))
-            intakeChecks = [.init("kafka") { consumer.hasJoinedGroup }]
-            closers = [.init(service: CloseOnShutdown { producer.close() })]
+            intakeChecks = [.init("kafka") { consumer.hasJoinedGroup }, .init("dead-letters") { producer.fatalError == nil }]
+            closers = [ProducerService.configuration(producer, "the dead-letter producer")]
             if configuration.receiver != nil || !configuration.pollStreams.isEmpty {
                 // A producer of its own for pushed SETs: a sender waits for its answer, so a
                 // cluster that cannot be reached is a 503 within seconds, not librdkafka's
@@ -167,7 +167,8 @@ struct Worker {
                 if pushProperties["message.timeout.ms"] == nil { pushProperties["message.timeout.ms"] = "10000" }
                 let pushProducer = try KafkaProducer(bootstrapServers: brokers, properties: pushProperties, logger: logger)
                 destination = KafkaPushDestination(processor: processor, producer: pushProducer, topic: kafka.topic)
-                closers.append(.init(service: CloseOnShutdown { pushProducer.close() }))
+                intakeChecks.append(.init("push-producer") { pushProducer.fatalError == nil })
+                closers.append(ProducerService.configuration(pushProducer, "the producer of pushed SETs"))
             } else {
                 destination = nil
             }
@@ -331,6 +332,27 @@ struct CloseOnShutdown: Service {
     func run() async throws {
         try? await gracefulShutdown()
         await close()
+    }
+}
+
+/// Closes a producer when the group shuts down. A fatal error of the producer (an idempotent
+/// producer whose sequence the cluster lost: it can never send again) fails the service, and
+/// the group shuts down gracefully: in-flight events finish, what could not be dead-lettered or
+/// produced stays uncommitted (read again after the restart), and `warden run` exits 1 for its
+/// supervisor to start a fresh process — rather than run on, unable to dead-letter or take a
+/// push.
+struct ProducerService: Service {
+    let producer: KafkaProducer
+    let name: String
+
+    static func configuration(_ producer: KafkaProducer, _ name: String) -> ServiceGroupConfiguration.ServiceConfiguration {
+        .init(service: ProducerService(producer: producer, name: name), failureTerminationBehavior: .gracefullyShutdownGroup)
+    }
+
+    func run() async throws {
+        let failure = await cancelWhenGracefulShutdown { await producer.failure() }
+        producer.close()
+        if let failure { throw KafkaError(.fatal, "\(name) failed: \(failure)") }
     }
 }
 

@@ -72,6 +72,58 @@ struct DeadLetterTests {
         #expect(messages[1].headers.filter { $0.name == "warden-error" }.map(\.value) == [Array("invalid_key".utf8)])
     }
 
+    /// Counts the attempts of another sink.
+    final class CountingSink: DeadLetterSink {
+        let inner: any DeadLetterSink
+        let attempts = Mutex(0)
+        init(_ inner: any DeadLetterSink) { self.inner = inner }
+        func deadLetter(value: [UInt8], key: [UInt8]?, headers: [MessageHeader], code: String, description: String,
+                        source: String) async throws(DeadLetterError) {
+            attempts.withLock { $0 += 1 }
+            try await inner.deadLetter(value: value, key: key, headers: headers, code: code, description: description, source: source)
+        }
+    }
+
+    // A producer that failed fatally can never send again, but that is no fault of the message:
+    // its dead letter is retried (not kept in the ledger only and committed) until the process
+    // stops, which a fatal producer error makes it do; the message is then left unsettled, to be
+    // read again after the restart.
+    @Test func aFatallyFailedProducerLeavesTheMessageForTheNextProcess() async throws {
+        let cluster = try EmbeddedKafkaCluster(topics: [("dlq", 1)], logger: Self.logger)
+        let producer = try KafkaProducer(bootstrapServers: cluster.bootstrapServers, logger: Self.logger)
+        defer { producer.close(timeout: 0) }
+        #expect(producer.fatalError == nil)
+        producer.failFatally("sequence lost in a test")
+        let failure = await producer.failure()
+        #expect(failure?.contains("sequence lost in a test") == true, "\(failure ?? "nil")")
+        #expect(producer.fatalError != nil)
+        let sink = CountingSink(KafkaDeadLetters(producer: producer, topic: "dlq"))
+        do {
+            try await sink.deadLetter(value: Array("junk".utf8), code: "invalid_request", description: "not a token", source: "kafka:t/0/0")
+            Issue.record("a failed producer sent a dead letter")
+        } catch {
+            #expect(error.isRetryable, "\(error)")
+        }
+
+        let path = Scratch.path("dlq-fatal", extension: "sqlite")
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        let ledger = try SQLiteLedger(path: path)
+        let stop = StopSignal()
+        let processor = EventProcessor(verifier: SETVerifier(issuers: []), ledger: ledger, deadLetters: sink,
+                                       metrics: WardenMetrics(factory: PrometheusMetricsFactory(registry: PrometheusCollectorRegistry())),
+                                       logger: Self.logger, stop: stop)
+        let stopper = Task {
+            while sink.attempts.withLock({ $0 }) < 3 { try await Task.sleep(for: .milliseconds(20)) }
+            stop.stop()
+        }
+        let settled = await Settled.run(EventPipeline(processor: processor), [[IntakeMessage(value: Array("junk".utf8), source: "kafka:t/0/1", receivedAt: 1)]])
+        stopper.cancel()
+        #expect(settled == [.abandoned])
+        #expect(sink.attempts.withLock { $0 } >= 3)
+        #expect(try ledger.deliveries().isEmpty)
+        await ledger.close()
+    }
+
     /// A sink that refuses every dead letter for good, counting the attempts.
     final class RefusingSink: DeadLetterSink {
         let attempts = Mutex(0)
