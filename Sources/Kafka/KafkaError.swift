@@ -75,6 +75,38 @@ public struct KafkaProperties: Sendable, ExpressibleByDictionaryLiteral {
         rd_kafka_conf_destroy(try makeConfiguration())
     }
 
+    /// Checks the properties together, as the worker's consumer and producer take them:
+    /// librdkafka refuses some combinations only when a client is made (`fetch.max.bytes` under
+    /// `message.max.bytes`, an SSL key file it cannot read). Each client is made with no broker
+    /// to reach, so nothing connects, and destroyed at once. librdkafka's words, with the value
+    /// of any secret property left out.
+    public func validateTogether() throws(KafkaError) {
+        var consumer = values.filter { Self.reserved[$0.key] == nil }
+        consumer["group.id"] = "warden-check"
+        var producer = consumer.filter { !KafkaProducer.isConsumerOnly($0.key) }
+        producer["acks"] = "all"
+        producer["enable.idempotence"] = "true"
+        for (role, properties) in [(RD_KAFKA_CONSUMER, consumer), (RD_KAFKA_PRODUCER, producer)] {
+            let conf = try KafkaProperties(properties).makeConfiguration()
+            rd_kafka_conf_set_log_cb(conf, { _, _, _, _ in })
+            var errstr = [CChar](repeating: 0, count: 512)
+            guard let rk = rd_kafka_new(role, conf, &errstr, errstr.count) else {
+                rd_kafka_conf_destroy(conf)
+                var reason = String(decoding: errstr.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+                for (name, value) in values where Self.isSecret(name) && !value.isEmpty {
+                    reason = reason.replacing(value, with: "(not shown)")
+                }
+                throw KafkaError(.configuration, "librdkafka refuses the properties together (\(role == RD_KAFKA_CONSUMER ? "consumer" : "producer")): \(reason)")
+            }
+            rd_kafka_destroy(rk)
+        }
+    }
+
+    /// Whether a property's value is a secret, never repeated in a message.
+    static func isSecret(_ name: String) -> Bool {
+        ["password", "secret", "key", "token", "jaas"].contains { name.lowercased().contains($0) }
+    }
+
     /// A librdkafka configuration object holding these properties; refuses unknown names or
     /// bad values with librdkafka's message and the property's name. Secrets are not echoed.
     func makeConfiguration() throws(KafkaError) -> OpaquePointer {
@@ -85,8 +117,7 @@ public struct KafkaProperties: Sendable, ExpressibleByDictionaryLiteral {
                 rd_kafka_conf_destroy(conf)
                 let reason = String(decoding: errstr.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
                 // librdkafka's message may quote the value; never repeat a secret's.
-                let secret = ["password", "secret", "key", "token", "jaas"].contains { name.lowercased().contains($0) }
-                throw KafkaError(.configuration, "Kafka property \"\(name)\": \(secret ? "the value was refused (not shown)" : reason)")
+                throw KafkaError(.configuration, "Kafka property \"\(name)\": \(Self.isSecret(name) ? "the value was refused (not shown)" : reason)")
             }
         }
         return conf

@@ -62,6 +62,11 @@ public struct KafkaSettings: Sendable, Equatable {
                 throw p.child(key).error(name.hasSuffix(".password") ? "librdkafka refused it" : error.message)
             }
         }
+        do {
+            try KafkaProperties(properties).validateTogether()
+        } catch {
+            throw p.error(error.message)
+        }
         let topic = try topicName(r.child("topic")) ?? "security-events"
         let deadLetterTopic = try topicName(r.child("dead-letter-topic")) ?? "security-events.dlq"
         // Each refused SET would come back to be refused and dead-lettered again, for ever.

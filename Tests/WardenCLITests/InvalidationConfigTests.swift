@@ -315,6 +315,21 @@ extension InvalidationConfigTests {
             #expect(out.stderr.contains("kafka.properties.sesion.timeout.ms"), "\(command): \(out.stderr)")
             #expect(out.stderr.contains("No such configuration property"), "\(command): \(out.stderr)")
         }
+        // Properties each valid on its own that librdkafka refuses together, or only when a client
+        // is made (a key file it cannot read): refused by both before anything starts, exit 2.
+        for (properties, words) in [("{fetch.max.bytes: 1000, message.max.bytes: 100000}", "`fetch.max.bytes` must be >= `message.max.bytes`"),
+                                    ("{security.protocol: ssl, ssl.key.location: /nonexistent/key.pem, ssl.key.password: hunter2secret}",
+                                     "ssl.key.location failed")] {
+            try (Self.issuer + kafka.replacingOccurrences(of: "{sesion.timeout.ms: 6000}", with: properties))
+                .write(to: config, atomically: true, encoding: .utf8)
+            for command in ["check-config", "run"] {
+                let out = try await Warden.run([command, "--config", config.path])
+                #expect(out.status == 2, "\(command): \(out.stderr)")
+                #expect(out.stderr.contains("kafka.properties: librdkafka refuses the properties together") && out.stderr.contains(words),
+                        "\(command): \(out.stderr)")
+                #expect(!out.stderr.contains("hunter2secret") && !out.stdout.contains("hunter2secret"))
+            }
+        }
         for (url, words) in [("postgres://warden@127.0.0.1/w?sslmode=verify-full&sslrootcert=/nonexistent/ca.pem",
                               "sslrootcert: cannot read the file /nonexistent/ca.pem"),
                              ("postgres://warden@127.0.0.1/w?sslmode=on", "sslmode=on is not an sslmode"),
