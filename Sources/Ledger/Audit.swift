@@ -94,12 +94,21 @@ enum Retention {
         return records.count < limit && run == records.count ? max(0, run - 1) : run
     }
 
-    /// The record of a cut: the last record dropped (its seq and hash), and how many were.
-    static func checkpoint(through last: StoredAuditRecord, dropped: Int, events: Int, rejections: Int, cutoff: Double,
-                           at now: Double) -> AuditRecord {
-        AuditRecord(kind: .checkpoint, eventID: nil, source: "retention", receivedAt: cutoff, tokenSHA256: nil,
-                    outcome: "pruned", note: "\(dropped) audit record(s), \(events) event(s) and \(rejections) rejection(s) received "
-                        + "before the cutoff dropped", prunedThroughSeq: last.seq, prunedThroughHash: last.hash, recordedAt: now)
+    /// What a batch that dropped something writes: the cutoff the ledger keeps beside the chain
+    /// (`pruned_before`: replay takes a token unknown to the ledger and received before it for
+    /// dropped, never for missed; never moved back), and a checkpoint record carrying that
+    /// cutoff (as its `received_at`) and the chain's new start — whenever either moved, so the
+    /// cutoff is hash-chained and `audit verify` names an edit of it. Nil when nothing moved.
+    /// `start`: the chain's start, after the records this batch dropped.
+    static func cut(start: (seq: Int64, hash: String), droppedRecords: Int, events: Int, rejections: Int, cutoff: Double,
+                    previousCutoff: Double?, at now: Double) -> (prunedBefore: Double, checkpoint: AuditRecord)? {
+        guard droppedRecords > 0 || events > 0 || rejections > 0 else { return nil }
+        let kept = max(previousCutoff ?? cutoff, cutoff)
+        guard droppedRecords > 0 || kept != previousCutoff else { return nil }
+        return (kept, AuditRecord(kind: .checkpoint, eventID: nil, source: "retention", receivedAt: kept, tokenSHA256: nil,
+                                  outcome: "pruned", note: "\(droppedRecords) audit record(s), \(events) event(s) and \(rejections) "
+                                      + "rejection(s) received before the cutoff dropped",
+                                  prunedThroughSeq: start.seq, prunedThroughHash: start.hash, recordedAt: now))
     }
 }
 
@@ -518,14 +527,15 @@ public enum AuditChain {
 
     /// What checking a chain found.
     public enum Finding: Sendable, Equatable, CustomStringConvertible {
-        /// Every record links to the one before and hashes to its stored hash.
-        case intact(count: Int64, head: String)
+        /// Every record links to the one before and hashes to its stored hash; `seq` and `head`
+        /// are the last record checked (an anchor for the next check).
+        case intact(count: Int64, seq: Int64, head: String)
         /// The first record that does not: its seq (or where one is missing) and why.
         case broken(seq: Int64, reason: String)
 
         public var description: String {
             switch self {
-            case .intact(let count, let head): "intact: \(count) records, head \(head)"
+            case .intact(let count, let seq, let head): "intact: \(count) records, head \(seq):\(head)"
             case .broken(let seq, let reason): "broken at record \(seq): \(reason)"
             }
         }
@@ -541,6 +551,9 @@ public enum AuditChain {
         /// checkpoint record seen: it must name that start.
         private var start: (seq: Int64, hash: String)
         private var lastCheckpoint: (seq: Int64, hash: String)? = nil
+        /// The newest checkpoint record's own seq and the retention cutoff it carries (its
+        /// `received_at` text).
+        private var lastCutoff: (seq: Int64, text: String?)? = nil
         /// Heads seen earlier and kept away from the ledger (seq → hash): the chain must still
         /// hold each. Without one, whoever can write the ledger can rewrite its tail and head.
         private let anchors: [Int64: String]
@@ -590,7 +603,8 @@ public enum AuditChain {
             }
             if let through = parsed.checkpoint {
                 guard through.seq < record.seq else { return fail("a checkpoint that names a record after itself") }
-                lastCheckpoint = through
+                lastCheckpoint = (through.seq, through.hash)
+                lastCutoff = (record.seq, through.cutoff)
             }
             count += 1
             lastSeq = record.seq
@@ -633,19 +647,38 @@ public enum AuditChain {
                                    + "(check with an anchor newer than the retention)")
                 }
             }
-            return .intact(count: count, head: lastHash)
+            return .intact(count: count, seq: lastSeq, head: lastHash)
+        }
+
+        /// The retention cutoff kept beside the chain (`pruned_before`, which replay reads) must
+        /// be the one the newest checkpoint carries: edited, replay would take events received
+        /// after the real cutoff for dropped (and never report them missed), or dropped ones for
+        /// missed. `kept`: the kept cutoff as read before and after the records (a prune
+        /// meanwhile moves it and appends the checkpoint that carries it). Nil when it matches.
+        public func cutoffFinding(kept: [Double?]) -> Finding? {
+            guard broken == nil else { return nil }
+            let chained = lastCutoff?.text
+            if kept.contains(where: { $0.map(Retention.text) == chained }) { return nil }
+            let shown = kept.last.flatMap { $0 }.map(Retention.text) ?? "none"
+            guard let lastCutoff else {
+                return .broken(seq: lastSeq, reason: "the retention cutoff kept beside the chain (\(shown)) is carried by no checkpoint "
+                               + "record (set by hand: replay would take events received before it for dropped)")
+            }
+            return .broken(seq: lastCutoff.seq, reason: "the retention cutoff kept beside the chain (\(shown)) is not the one this "
+                           + "checkpoint carries (\(lastCutoff.text ?? "none")): edited by hand, replay would misjudge what was dropped")
         }
 
         static func seq(inRecord text: [UInt8]) -> Int64? { parse(text)?.seq }
 
-        /// The record's own seq and, for a checkpoint, the last record it dropped.
-        static func parse(_ text: [UInt8]) -> (seq: Int64, checkpoint: (seq: Int64, hash: String)?)? {
+        /// The record's own seq and, for a checkpoint, the last record it dropped and the
+        /// retention cutoff it carries.
+        static func parse(_ text: [UInt8]) -> (seq: Int64, checkpoint: (seq: Int64, hash: String, cutoff: String?)?)? {
             guard case .object(let object)? = try? JSONParser.parse(text), let n = object["seq"]?.numberValue,
                   let seq = Int64(exactly: n) else { return nil }
             guard object["kind"]?.stringValue == AuditRecord.Kind.checkpoint.rawValue else { return (seq, nil) }
             guard let through = object["pruned_through_seq"]?.numberValue.flatMap({ Int64(exactly: $0) }),
-                  let hash = object["pruned_through_hash"]?.stringValue else { return (seq, (seq, "")) }  // refused by the caller
-            return (seq, (through, hash))
+                  let hash = object["pruned_through_hash"]?.stringValue else { return (seq, (seq, "", nil)) }  // refused by the caller
+            return (seq, (through, hash, object["received_at"]?.stringValue))
         }
     }
 }
@@ -684,6 +717,7 @@ extension AuditingLedger {
                                  afterEachPage: () async throws(LedgerError) -> Void)
         async throws(LedgerError) -> AuditChain.Finding {
         let before = try await auditHead()
+        let cutoffBefore = try await retentionCutoff()
         // Retention drops records up to the start and moves the start in one transaction: a
         // record at or before it was put there by hand, and would be exported unchecked.
         if let first = try await auditRecords(afterSeq: .min, limit: 1).first, first.seq <= start.seq {
@@ -717,6 +751,7 @@ extension AuditingLedger {
         if checker.lastSeq == now.seq, checker.lastHash != now.hash {
             return .broken(seq: now.seq, reason: "the chain's head does not hold this record's hash")
         }
+        if let edited = checker.cutoffFinding(kept: [cutoffBefore, try await retentionCutoff()]) { return edited }
         // Appended since the head was first read, or cut from the end.
         return checker.finish(head: checker.lastSeq >= before.seq ? (checker.lastSeq, checker.lastHash) : before,
                               currentStart: try await auditStart())

@@ -197,9 +197,10 @@ extension PostgresLedger {
         try await transaction("prune") { connection in
             let now = Date().timeIntervalSince1970
             // One pruner at a time across replicas: the start's row stays locked until commit.
-            var start: Int64 = 0
-            for try await seq in try await connection.query("SELECT seq FROM audit_start WHERE id = 1 FOR UPDATE", logger: self.logger)
-                .decode(Int64.self) { start = seq }
+            var start: Int64 = 0, startHash = AuditChain.genesis, previousCutoff: Double? = nil
+            for try await (seq, hash, pruned) in try await connection.query(
+                "SELECT seq, hash, pruned_before FROM audit_start WHERE id = 1 FOR UPDATE", logger: self.logger
+            ).decode((Int64, String, Double?).self) { (start, startHash, previousCutoff) = (seq, hash, pruned) }
             var candidates: [Int64] = [], last = afterEventID, reachedCutoff = false, looked = 0
             for try await (id, received, outcome) in try await connection.query("""
                 SELECT id, received_at, outcome FROM events WHERE id > \(afterEventID) ORDER BY id LIMIT \(limit)
@@ -231,12 +232,6 @@ extension PostgresLedger {
                     (SELECT id FROM deliveries WHERE event_id IS NULL AND received_at < \(cutoff) ORDER BY id LIMIT \(limit))
                 RETURNING id
                 """, logger: self.logger).decode(Int64.self) { rejections += 1 }
-            if !dropped.isEmpty || rejections > 0 {
-                // What replay must not take for never processed: anything received before this.
-                try await connection.query("""
-                    UPDATE audit_start SET pruned_before = GREATEST(COALESCE(pruned_before, \(cutoff)), \(cutoff)) WHERE id = 1
-                    """, logger: self.logger)
-            }
             var records: [StoredAuditRecord] = []
             for try await (seq, record, previous, hash) in try await connection.query("""
                 SELECT seq, record, prev_hash, hash FROM audit_records WHERE seq > \(start) ORDER BY seq LIMIT \(limit)
@@ -244,13 +239,18 @@ extension PostgresLedger {
                 records.append(StoredAuditRecord(seq: seq, record: record, previousHash: previous, hash: hash))
             }
             let droppable = Retention.droppable(records, before: cutoff, limit: limit)
+            var kept = (seq: start, hash: startHash)
             if droppable > 0 {
                 let through = records[droppable - 1]
                 try await connection.query("DELETE FROM audit_records WHERE seq <= \(through.seq)", logger: self.logger)
                 try await connection.query("UPDATE audit_start SET seq = \(through.seq), hash = \(through.hash) WHERE id = 1",
                                            logger: self.logger)
-                try await self.append([Retention.checkpoint(through: through, dropped: droppable, events: dropped.count,
-                                                            rejections: rejections, cutoff: cutoff, at: now)], on: connection)
+                kept = (through.seq, through.hash)
+            }
+            if let cut = Retention.cut(start: kept, droppedRecords: droppable, events: dropped.count, rejections: rejections,
+                                       cutoff: cutoff, previousCutoff: previousCutoff, at: now) {
+                try await connection.query("UPDATE audit_start SET pruned_before = \(cut.prunedBefore) WHERE id = 1", logger: self.logger)
+                try await self.append([cut.checkpoint], on: connection)
             }
             let more = (looked == limit && !reachedCutoff) || rejections == limit || droppable == limit
             return PruneResult(events: dropped.count, rejections: rejections, auditRecords: droppable, lastEventID: last, more: more)

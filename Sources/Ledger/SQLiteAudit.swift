@@ -328,13 +328,10 @@ extension SQLiteLedger {
                     (SELECT id FROM deliveries WHERE event_id IS NULL AND received_at < ? ORDER BY id LIMIT ?)
                 """, arguments: [cutoff, limit])
             let rejections = db.changesCount
-            if !dropped.isEmpty || rejections > 0 {
-                // What replay must not take for never processed: anything received before this.
-                try db.execute(sql: "UPDATE audit_start SET pruned_before = max(coalesce(pruned_before, ?), ?) WHERE id = 1",
-                               arguments: [cutoff, cutoff])
-            }
             // Audit records recorded before the cutoff, from the start of the kept chain.
-            let start = try Row.fetchOne(db, sql: "SELECT seq FROM audit_start WHERE id = 1").map { $0[0] as Int64 } ?? 0
+            let startRow = try Row.fetchOne(db, sql: "SELECT seq, hash, pruned_before FROM audit_start WHERE id = 1")
+            let start = startRow.map { $0[0] as Int64 } ?? 0
+            var kept: (seq: Int64, hash: String) = (start, startRow.map { lossyText($0, 1) } ?? AuditChain.genesis)
             let records = try Row.fetchAll(db, sql: "SELECT seq, record, prev_hash, hash FROM audit_records WHERE seq > ? ORDER BY seq LIMIT ?",
                                            arguments: [start, limit])
                 // `seq` is the rowid, always an integer; the texts may have been edited into
@@ -346,9 +343,13 @@ extension SQLiteLedger {
                 let through = records[droppable - 1]
                 try db.execute(sql: "DELETE FROM audit_records WHERE seq <= ?", arguments: [through.seq])
                 try db.execute(sql: "UPDATE audit_start SET seq = ?, hash = ? WHERE id = 1", arguments: [through.seq, through.hash])
+                kept = (through.seq, through.hash)
+            }
+            if let cut = Retention.cut(start: kept, droppedRecords: droppable, events: dropped.count, rejections: rejections,
+                                       cutoff: cutoff, previousCutoff: startRow?[2], at: now) {
+                try db.execute(sql: "UPDATE audit_start SET pruned_before = ? WHERE id = 1", arguments: [cut.prunedBefore])
                 var audit = SQLiteAuditAppender()
-                audit.append(Retention.checkpoint(through: through, dropped: droppable, events: dropped.count, rejections: rejections,
-                                                  cutoff: cutoff, at: now))
+                audit.append(cut.checkpoint)
                 try audit.commit(in: db)
             }
             let more = (rows.count == limit && !reachedCutoff) || rejections == limit || droppable == limit

@@ -82,10 +82,10 @@ extension WardenCommand {
 
         private func verify(_ ledger: any AuditingLedger) async throws -> Int32 {
             switch try await ledger.checkAuditChain(anchors: anchor.compactMap(AuditAnchor.init)) {
-            case .intact(let count, let hash):
-                // The head as an anchor for the next check (the worker may have appended since).
-                let head = try await ledger.auditHead()
-                print("audit log intact: \(count) records, head \(head.hash == hash ? "\(head.seq):" : "")\(hash)")
+            case .intact(let count, let seq, let hash):
+                // The last record checked, as an anchor for the next check (`--anchor SEQ:HASH`),
+                // even when the worker appended records since.
+                print("audit log intact: \(count) records, head \(seq):\(hash)")
                 return 0
             case .broken(let seq, let reason):
                 print("audit log broken at record \(seq): \(reason)")

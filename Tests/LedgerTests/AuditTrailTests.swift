@@ -74,7 +74,7 @@ struct AuditTrailTests {
         #expect(steps.map { $0["status"]?.stringValue } == ["done", "failed"])
         #expect(steps.map { $0["attempts"]?.numberValue } == [1, 3])
         #expect(steps[1]["detail"]?.stringValue == "answered 403")
-        #expect(try await ledger.checkAuditChain() == .intact(count: 5, head: try await ledger.auditHead().hash))
+        #expect(try await ledger.checkAuditChain() == .intact(count: 5, seq: try await ledger.auditHead().seq, head: try await ledger.auditHead().hash))
         await ledger.close()
     }
 
@@ -127,7 +127,7 @@ struct AuditTrailTests {
         let head = try await ledger.auditHead()
         let anchor = AuditAnchor(seq: head.seq, hash: head.hash)
         #expect(AuditAnchor(anchor.description) == anchor)
-        #expect(try await ledger.checkAuditChain(anchors: [anchor]) == .intact(count: head.seq, head: head.hash))
+        #expect(try await ledger.checkAuditChain(anchors: [anchor]) == .intact(count: head.seq, seq: head.seq, head: head.hash))
         let earlier = try #require(try await ledger.auditRecords(afterSeq: 2, limit: 1).first)
         guard case .broken(3, let wrong) = try await ledger.checkAuditChain(anchors: [AuditAnchor(seq: 3, hash: String(repeating: "0", count: 64))]) else {
             Issue.record("a record whose hash is not the anchored one must be named"); return
@@ -176,7 +176,7 @@ struct AuditTrailTests {
         let records = try await records(ledger)
         #expect(records.map { $0["kind"]?.stringValue } == ["rejection"])
         #expect(records.first?["err"]?.stringValue == "invalid_key")
-        #expect(try await ledger.checkAuditChain() == .intact(count: 1, head: try await ledger.auditHead().hash))
+        #expect(try await ledger.checkAuditChain() == .intact(count: 1, seq: try await ledger.auditHead().seq, head: try await ledger.auditHead().hash))
         await ledger.close()
     }
 
@@ -222,7 +222,7 @@ struct AuditTrailTests {
         let done = try #require(try await records(ledger).last)
         #expect(done["outcome"]?.stringValue == "processed")
         #expect(done["steps"]?.arrayValue?.last?.objectValue?["attempts"]?.numberValue == 4, "attempts add up across runs")
-        #expect(try await ledger.checkAuditChain() == .intact(count: 7, head: try await ledger.auditHead().hash))
+        #expect(try await ledger.checkAuditChain() == .intact(count: 7, seq: try await ledger.auditHead().seq, head: try await ledger.auditHead().hash))
         await ledger.close()
     }
 
@@ -279,7 +279,7 @@ struct AuditTrailTests {
             }
             try await group.waitForAll()
         }
-        #expect(try await a.checkAuditChain() == .intact(count: 160, head: try await a.auditHead().hash))
+        #expect(try await a.checkAuditChain() == .intact(count: 160, seq: try await a.auditHead().seq, head: try await a.auditHead().hash))
         await a.close()
         await b.close()
     }

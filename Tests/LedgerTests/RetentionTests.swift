@@ -75,7 +75,7 @@ struct RetentionTests {
         let headAfter = try await ledger.auditHead()
         #expect(start.seq > 0 && start.seq < headAfter.seq)
         #expect(total.auditRecords >= Int(head.seq))
-        guard case .intact(let count, _) = try await ledger.checkAuditChain() else {
+        guard case .intact(let count, _, _) = try await ledger.checkAuditChain() else {
             Issue.record("the chain must verify across the cut: \(try await ledger.checkAuditChain())"); return
         }
         #expect(count == 1)
@@ -87,11 +87,55 @@ struct RetentionTests {
         // New records go on from the checkpoint; the chain still verifies.
         _ = try await ledger.record([.event(E.event(jti: "after"), outcome: .processed, steps: [])])
         let newHead = try await ledger.auditHead()
-        #expect(try await ledger.checkAuditChain() == .intact(count: 2, head: newHead.hash))
+        #expect(try await ledger.checkAuditChain() == .intact(count: 2, seq: newHead.seq, head: newHead.hash))
 
         // Nothing left to prune: nothing changes.
         let again = try await pruneAll(ledger, before: 1_800_000_005, limit: 100)
         #expect(again.events == 0 && again.rejections == 0)
+        // (Records written since were recorded before the future cutoff too: they went, and the
+        // checkpoint that says so is now the chain's last record.)
+        let last = try await ledger.auditHead()
+        #expect(try await audit.records(ledger).last?["kind"]?.stringValue == "checkpoint")
+        let afterAgain = try await ledger.checkAuditChain()
+        #expect(afterAgain == .intact(count: 2, seq: last.seq, head: last.hash), "\(afterAgain)")
+
+        // The cutoff replay reads is carried by the newest checkpoint: moved or removed by hand,
+        // audit verify names that checkpoint.
+        for edit in ["pruned_before = pruned_before + 86400", "pruned_before = pruned_before - 86400", "pruned_before = NULL"] {
+            _ = try await query(storage, "UPDATE audit_start SET \(edit) WHERE id = 1")
+            let finding = try await ledger.checkAuditChain()
+            guard case .broken(let seq, let reason) = finding else { Issue.record("\(edit): \(finding)"); continue }
+            #expect(seq == last.seq && reason.contains("the retention cutoff kept beside the chain"), "\(edit): \(finding)")
+            _ = try await query(storage, "UPDATE audit_start SET pruned_before = 1800000005 WHERE id = 1")
+        }
+        let restored = try await ledger.checkAuditChain()
+        #expect(restored == .intact(count: 2, seq: last.seq, head: last.hash), "\(restored)")
+    }
+
+    /// A batch that drops only events (no audit record is old enough) still records its cutoff
+    /// in the chain, so the cutoff kept beside the chain always has a checkpoint to match.
+    @Test(arguments: Backend.allCases) func droppingOnlyEventsRecordsTheCutoffInTheChain(_ backend: Backend) async throws {
+        let storage = try await LedgerUnderTest(backend)
+        let ledger = try await audit.open(storage)
+        // Events received long ago, their audit records written now: after this cutoff, so none
+        // of the records goes. (A later event, so that SQLite may drop the newest old one.)
+        for jti in ["old-1", "old-2", "recent"] {
+            var event = E.event(jti: jti)
+            if jti != "recent" { event.receivedAt = 1_000_000_000 }
+            _ = try await ledger.record([.event(event, outcome: .processed, steps: [])])
+        }
+        let total = try await pruneAll(ledger, before: 1_500_000_000, limit: 100)
+        #expect(total.events == 2 && total.auditRecords == 0)
+        let checkpoint = try #require(try await audit.records(ledger).last)
+        #expect(checkpoint["kind"]?.stringValue == "checkpoint")
+        #expect(checkpoint["received_at"]?.stringValue == Retention.text(1_500_000_000))
+        #expect(checkpoint["pruned_through_seq"]?.numberValue == 0)
+        guard case .intact = try await ledger.checkAuditChain() else {
+            Issue.record("\(try await ledger.checkAuditChain())"); return
+        }
+        _ = try await query(storage, "UPDATE audit_start SET pruned_before = 1900000000 WHERE id = 1")
+        guard case .broken(_, let reason) = try await ledger.checkAuditChain() else { Issue.record("an edited cutoff passed"); return }
+        #expect(reason.contains("is not the one this checkpoint carries"), "\(reason)")
     }
 
     /// An event id names one event for ever: after retention dropped the newest events, a new
