@@ -47,9 +47,12 @@ public struct KafkaError: Error, Sendable, CustomStringConvertible {
         "UNKNOWN_TOPIC_OR_PART", "INVALID_REQUIRED_ACKS", "UNSUPPORTED_VERSION", "_FATAL", "_FENCED",
     ]
 
+    /// `_FATAL` is always `.fatal`: librdkafka refuses a call or fails a delivery with it as soon
+    /// as the client failed, before its error callback has told Warden so.
     static func code(_ err: rd_kafka_resp_err_t, _ context: String, kind: Kind = .client) -> KafkaError {
         let name = String(cString: rd_kafka_err2name(err))
-        return KafkaError(kind, "\(context): \(name) (\(String(cString: rd_kafka_err2str(err))))", name: name)
+        return KafkaError(err == RD_KAFKA_RESP_ERR__FATAL ? .fatal : kind,
+                          "\(context): \(name) (\(String(cString: rd_kafka_err2str(err))))", name: name)
     }
 }
 
@@ -75,28 +78,31 @@ public struct KafkaProperties: Sendable, ExpressibleByDictionaryLiteral {
         rd_kafka_conf_destroy(try makeConfiguration())
     }
 
-    /// Checks the properties together, as the worker's consumer and producer take them:
-    /// librdkafka refuses some combinations only when a client is made (`fetch.max.bytes` under
-    /// `message.max.bytes`, an SSL key file it cannot read). Each client is made with no broker
-    /// to reach, so nothing connects, and destroyed at once. librdkafka's words, with the value
-    /// of any secret property left out.
-    public func validateTogether() throws(KafkaError) {
-        var consumer = values.filter { Self.reserved[$0.key] == nil }
-        consumer["group.id"] = "warden-check"
-        var producer = consumer.filter { !KafkaProducer.isConsumerOnly($0.key) }
-        producer["acks"] = "all"
-        producer["enable.idempotence"] = "true"
-        for (role, properties) in [(RD_KAFKA_CONSUMER, consumer), (RD_KAFKA_PRODUCER, producer)] {
-            let conf = try KafkaProperties(properties).makeConfiguration()
+    /// Makes each client as `warden run` will — the consumer, and each producer with its own
+    /// properties — with no broker to reach, and destroys it at once: librdkafka refuses some
+    /// combinations only then (`fetch.max.bytes` under `message.max.bytes`, `linger.ms` over
+    /// `message.timeout.ms`, an SSL key file it cannot read). Only for `check-config` and the
+    /// start of `warden run`: making a client may run a SASL `kinit` or fetch an OIDC token.
+    /// librdkafka's words, with the value of any secret property left out.
+    public static func checkClients(consumer: KafkaConsumerConfiguration, producers: [(name: String, properties: KafkaProperties)])
+        throws(KafkaError)
+    {
+        var clients: [(String, rd_kafka_type_t, KafkaProperties)] = [("consumer", RD_KAFKA_CONSUMER, consumer.effectiveProperties)]
+        for producer in producers {
+            clients.append((producer.name, RD_KAFKA_PRODUCER, KafkaProducer.effectiveProperties(bootstrapServers: "", producer.properties)))
+        }
+        for (name, role, var properties) in clients {
+            properties["bootstrap.servers"] = nil
+            let conf = try properties.makeConfiguration()
             rd_kafka_conf_set_log_cb(conf, { _, _, _, _ in })
             var errstr = [CChar](repeating: 0, count: 512)
             guard let rk = rd_kafka_new(role, conf, &errstr, errstr.count) else {
                 rd_kafka_conf_destroy(conf)
                 var reason = String(decoding: errstr.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
-                for (name, value) in values where Self.isSecret(name) && !value.isEmpty {
+                for (key, value) in properties.values where isSecret(key) && !value.isEmpty {
                     reason = reason.replacing(value, with: "(not shown)")
                 }
-                throw KafkaError(.configuration, "librdkafka refuses the properties together (\(role == RD_KAFKA_CONSUMER ? "consumer" : "producer")): \(reason)")
+                throw KafkaError(.configuration, "librdkafka refuses the properties together (\(name)): \(reason)")
             }
             rd_kafka_destroy(rk)
         }

@@ -17,13 +17,7 @@ public final class KafkaProducer: Sendable {
     private let loop = PollLoopState()
 
     public init(bootstrapServers: String, properties: KafkaProperties = [:], logger: Logger) throws(KafkaError) {
-        var p: KafkaProperties = [
-            "bootstrap.servers": bootstrapServers,
-            "acks": "all",
-            "enable.idempotence": "true",
-            "linger.ms": "5",
-        ]
-        for (name, value) in properties.values where !Self.isConsumerOnly(name) { p[name] = value }
+        let p = Self.effectiveProperties(bootstrapServers: bootstrapServers, properties)
         self.client = try KafkaClient(role: .producer, properties: p, context: CallbackContext(logger: logger, consumer: nil)) { conf in
             rd_kafka_conf_set_dr_msg_cb(conf, deliveryCallback)
         }
@@ -34,13 +28,26 @@ public final class KafkaProducer: Sendable {
         let thread = Thread { [client, loop] in
             while loop.running.withLock({ $0 }) {
                 rd_kafka_poll(client.handle, 100)
-                if let fatal = client.fatalError { loop.ended.end(fatal) }
+                if let fatal = client.fatalError { loop.ended.end(fatal) }  // recorded by the error callback this poll served
             }
             loop.ended.end(nil)
             loop.stopped.signal()
         }
         thread.name = "warden-kafka-producer"
         thread.start()
+    }
+
+    /// What the producer is made with: Warden's settings, and the given properties but the
+    /// consumer's.
+    static func effectiveProperties(bootstrapServers: String, _ properties: KafkaProperties) -> KafkaProperties {
+        var p: KafkaProperties = [
+            "bootstrap.servers": bootstrapServers,
+            "acks": "all",
+            "enable.idempotence": "true",
+            "linger.ms": "5",
+        ]
+        for (name, value) in properties.values where !isConsumerOnly(name) { p[name] = value }
+        return p
     }
 
     /// Consumer properties in a shared `properties` map are left out of the producer's (librdkafka
@@ -148,7 +155,15 @@ public final class KafkaProducer: Sendable {
 
     /// The fatal error librdkafka reported, if any: the producer cannot send again, and a fresh
     /// process (a fresh producer) is what mends it.
-    public var fatalError: String? { client.fatalError }
+    /// Asked of librdkafka itself when its error callback has not run yet: it marks the client
+    /// failed at once, and refuses sends from then on.
+    public var fatalError: String? {
+        if let recorded = client.fatalError { return recorded }
+        var buffer = [CChar](repeating: 0, count: 512)
+        let err = rd_kafka_fatal_error(client.handle, &buffer, buffer.count)
+        guard err != RD_KAFKA_RESP_ERR_NO_ERROR else { return nil }
+        return "\(String(cString: rd_kafka_err2name(err))): \(String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self))"
+    }
 
     /// Waits until the producer fails fatally (its reason) or is closed, or the task is
     /// cancelled (nil).

@@ -202,7 +202,7 @@ public struct KafkaDeadLetters: DeadLetterSink {
             // this process, which ends on it (the producer's service fails the group), so the
             // message waits unsettled and is read again after the restart — not kept in the
             // ledger only as if the cluster had refused it.
-            throw DeadLetterError(error.description, isRetryable: error.isRetryable || error.kind == .fatal)
+            throw DeadLetterError(error.description, isRetryable: error.isRetryable || error.kind == .fatal || producer.fatalError != nil)
         }
     }
 }

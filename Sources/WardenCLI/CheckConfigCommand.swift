@@ -19,6 +19,7 @@ extension WardenCommand {
 
         public func run() async throws {
             let configuration = try WardenConfiguration.load(path: config)
+            try configuration.kafka?.checkClients(pushing: configuration.isPushing)
             print(Self.report(configuration, path: config))
         }
 

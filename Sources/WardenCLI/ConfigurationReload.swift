@@ -71,7 +71,15 @@ struct ConfigurationReload: Service {
         }
         current.logLevel = fresh.logLevel
         let old = current.invalidation, new = fresh.invalidation
-        if new.targets == old.targets, new.tokenStores == old.tokenStores, new.subjects == old.subjects,
+        if fresh.issuers != current.issuers {
+            // The new policy and lookups were checked against issuers that run only after a
+            // restart: with one issuer fewer, `identity` or `session:{sid}` would pass the check
+            // while several issuers still run, and let one act on another's users.
+            if new.targets != old.targets || new.tokenStores != old.tokenStores || new.subjects != old.subjects
+                || new.policy != old.policy || new.targetFileDigests != old.targetFileDigests {
+                needsRestart.append("targets, token stores, subjects and policy (checked against the new issuers, which need a restart)")
+            }
+        } else if new.targets == old.targets, new.tokenStores == old.tokenStores, new.subjects == old.subjects,
            new.targetFileDigests == old.targetFileDigests {
             if new.policy != old.policy {
                 planner.replace(new.policy)

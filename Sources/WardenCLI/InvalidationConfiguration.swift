@@ -22,12 +22,12 @@ public struct InvalidationConfiguration: Sendable {
     /// configuration is read: a reload notices a file replaced in place under the same name.
     public var targetFileDigests: [String: String] = [:]
 
-    /// `issuers`: how many issuers are configured. With several, every text that names a
-    /// subject (`{sub}`, `{email}`, `{phone}`, `{sid}`) must name its issuer (`{iss}`) too, and
-    /// `identity` is refused: a subject is always scoped to the issuer that signed the token, and
-    /// two issuers may give one `sub` to different people.
-    static func parse(_ root: ConfigReader, issuers: Int) throws(ConfigError) -> InvalidationConfiguration {
-        let scope = SubjectScope(severalIssuers: issuers > 1)
+    /// `issuers`: the configured issuers. With several, every text that names a subject
+    /// (`{sub}`, `{email}`, `{phone}`, `{sid}`) must name its issuer (`{iss}`) too, and
+    /// `identity` is refused when a step uses the user: a subject is always scoped to the issuer
+    /// that signed the token, and two issuers may give one `sub` to different people.
+    static func parse(_ root: ConfigReader, issuers: [String]) throws(ConfigError) -> InvalidationConfiguration {
+        let scope = SubjectScope(issuers: issuers)
         var targets: [String: TargetSettings] = [:]
         let targetsReader = root.child("targets")
         for name in try targetsReader.keys() { targets[name] = try target(targetsReader.child(name)) }
@@ -373,13 +373,31 @@ public struct InvalidationConfiguration: Sendable {
 
     /// Whether texts naming a subject must name its issuer too.
     struct SubjectScope {
-        var severalIssuers: Bool
+        var issuers: [String]
+        var severalIssuers: Bool { issuers.count > 1 }
 
-        /// Refuses, with several issuers, texts that together name a subject but not its issuer.
+        /// Refuses, with several issuers, texts that together name a subject but not its issuer,
+        /// and a text that names both without a separator no issuer holds: in
+        /// `u:{iss}{sub}`, issuer `https://kc/realms/a` with subject `b1` would be issuer
+        /// `https://kc/realms/ab` with subject `1`.
         func check(_ texts: [String], _ r: ConfigReader) throws(ConfigError) {
-            guard severalIssuers, let name = Planner.unscopedSubjectPlaceholder(in: texts) else { return }
-            throw r.error("{\(name)} names a subject without its issuer: with several issuers, two may give one {\(name)} "
-                + "to different people, so name {iss} too")
+            guard severalIssuers else { return }
+            if let name = Planner.unscopedSubjectPlaceholder(in: texts) {
+                throw r.error("{\(name)} names a subject without its issuer: with several issuers, two may give one {\(name)} "
+                    + "to different people, so name {iss} too")
+            }
+            for text in texts where Planner.placeholderNames(in: text).contains(where: Planner.subjectPlaceholders.contains) {
+                var rest = text[...]
+                while let range = rest.range(of: "{iss}") {
+                    let separator = range.upperBound < rest.endIndex ? rest[range.upperBound]
+                        : range.lowerBound > text.startIndex ? text[text.index(before: range.lowerBound)] : nil
+                    if separator == nil || separator == "{" || separator == "}" || issuers.contains(where: { $0.contains(separator!) }) {
+                        throw r.error("{iss} must be followed by a character no issuer holds (such as |), as in \"user:{iss}|{sub}\": "
+                            + "otherwise one issuer's name and subject can spell another's")
+                    }
+                    rest = rest[range.upperBound...]
+                }
+            }
         }
     }
 

@@ -39,6 +39,7 @@ extension WardenCommand {
                     throw ConfigError(path: "kafka", "or receiver, or a stream polled (delivery: {method: poll}), is required by warden run (where SETs come from)")
                 }
                 guard configuration.ledger != nil else { throw ConfigError(path: "ledger", "is required by warden run (e.g. sqlite:///var/lib/warden/ledger.sqlite)") }
+                try configuration.kafka?.checkClients(pushing: configuration.isPushing)
             } catch {
                 standardError("warden: \(error)\n")
                 throw ExitCode(VerifyExit.usage.rawValue)
@@ -139,18 +140,8 @@ struct Worker {
         let targets = ReloadableTargets(try configuration.invalidation.makeTargets(http: client, logger: logger))
         let engine = InvalidationEngine(planner: Planner(policy: configuration.invalidation.policy), resolver: targets, executor: targets)
         if let kafka = configuration.kafka {
-            var properties = KafkaProperties(kafka.properties)
-            if kafka.isEmbedded, properties["session.timeout.ms"] == nil { properties["session.timeout.ms"] = "6000" }
-            // The dead-letter producer: a send that cannot be delivered fails within 30 s, not
-            // librdkafka's five minutes, so that its retries (which end on SIGTERM) are what waits
-            // — not one send that outlasts a shutdown's grace period.
-            var deadLetterProperties = properties
-            if deadLetterProperties["message.timeout.ms"] == nil { deadLetterProperties["message.timeout.ms"] = "30000" }
-            let producer = try KafkaProducer(bootstrapServers: brokers, properties: deadLetterProperties, logger: logger)
-            let consumer = try KafkaConsumer(
-                configuration: .init(bootstrapServers: brokers, groupID: kafka.group, topics: [kafka.topic], properties: properties,
-                                     maximumInFlight: kafka.maximumInFlight, commitInterval: .seconds(kafka.commitInterval)),
-                logger: logger)
+            let producer = try KafkaProducer(bootstrapServers: brokers, properties: kafka.deadLetterProperties, logger: logger)
+            let consumer = try KafkaConsumer(configuration: kafka.consumerConfiguration(brokers: brokers), logger: logger)
             processor = EventProcessor(verifier: verifier, ledger: ledger,
                                            deadLetters: KafkaDeadLetters(producer: producer, topic: kafka.deadLetterTopic),
                                            metrics: metrics, logger: logger, stop: StopSignal(), engine: engine,
@@ -159,13 +150,9 @@ struct Worker {
                                  metrics: metrics, logger: logger, arrivalWindow: KafkaIntake.arrivalWindow(retention: configuration.ledgerRetention, issuers: configuration.issuers))
             intakeChecks = [.init("kafka") { consumer.hasJoinedGroup }, .init("dead-letters") { producer.fatalError == nil }]
             closers = [ProducerService.configuration(producer, "the dead-letter producer")]
-            if configuration.receiver != nil || !configuration.pollStreams.isEmpty {
-                // A producer of its own for pushed SETs: a sender waits for its answer, so a
-                // cluster that cannot be reached is a 503 within seconds, not librdkafka's
-                // five-minute delivery timeout.
-                var pushProperties = properties
-                if pushProperties["message.timeout.ms"] == nil { pushProperties["message.timeout.ms"] = "10000" }
-                let pushProducer = try KafkaProducer(bootstrapServers: brokers, properties: pushProperties, logger: logger)
+            if configuration.isPushing {
+                // A producer of its own for pushed SETs (see `KafkaSettings.pushProperties`).
+                let pushProducer = try KafkaProducer(bootstrapServers: brokers, properties: kafka.pushProperties, logger: logger)
                 destination = KafkaPushDestination(processor: processor, producer: pushProducer, topic: kafka.topic)
                 intakeChecks.append(.init("push-producer") { pushProducer.fatalError == nil })
                 closers.append(ProducerService.configuration(pushProducer, "the producer of pushed SETs"))
@@ -352,7 +339,8 @@ struct ProducerService: Service {
     func run() async throws {
         let failure = await cancelWhenGracefulShutdown { await producer.failure() }
         producer.close()
-        if let failure { throw KafkaError(.fatal, "\(name) failed: \(failure)") }
+        // Failed while the group was shutting down: still not a clean exit.
+        if let failure = failure ?? producer.fatalError { throw KafkaError(.fatal, "\(name) failed: \(failure)") }
     }
 }
 

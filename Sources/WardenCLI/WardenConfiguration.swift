@@ -52,6 +52,9 @@ public struct WardenConfiguration: Sendable {
         streams.filter { if case .poll? = $0.settings.delivery { true } else { false } }
     }
 
+    /// Whether `warden run` takes SETs by push or poll (produced onto the topic with Kafka).
+    public var isPushing: Bool { receiver != nil || !pollStreams.isEmpty }
+
     /// Top-level sections of the product's configuration. Sections other parts of Warden read
     /// are accepted here and validated by those parts.
     static let topLevelKeys = ["issuers", "max-token-size", "kafka", "http", "receiver", "ledger", "subjects",
@@ -106,7 +109,7 @@ public struct WardenConfiguration: Sendable {
             issuers: issuers, maximumTokenBytes: maximum, kafka: try KafkaSettings.parse(root.child("kafka")),
             http: try HTTPSettings.parse(root.child("http")), receiver: try ReceiverSettings.parse(root.child("receiver")),
             ledger: root.child("ledger").isPresent ? try LedgerLocation.parse(root.child("ledger")) : nil,
-            invalidation: try InvalidationConfiguration.parse(root, issuers: issuers.count), streams: streams,
+            invalidation: try InvalidationConfiguration.parse(root, issuers: issuers.map(\.issuer)), streams: streams,
             logLevel: try logLevel(root.child("logging")),
             ledgerRetention: try LedgerLocation.retention(root.child("ledger"), issuers: issuers),
             outboundCAFile: try outboundCAFile(root.child("http-client")),

@@ -62,11 +62,6 @@ public struct KafkaSettings: Sendable, Equatable {
                 throw p.child(key).error(name.hasSuffix(".password") ? "librdkafka refused it" : error.message)
             }
         }
-        do {
-            try KafkaProperties(properties).validateTogether()
-        } catch {
-            throw p.error(error.message)
-        }
         let topic = try topicName(r.child("topic")) ?? "security-events"
         let deadLetterTopic = try topicName(r.child("dead-letter-topic")) ?? "security-events.dlq"
         // Each refused SET would come back to be refused and dead-lettered again, for ever.
@@ -284,4 +279,46 @@ func positiveInt(_ r: ConfigReader, atMost limit: Int = 1_000_000_000) throws(Co
     guard let n = Int(text.trimmingCharacters(in: .whitespaces)), n > 0 else { throw r.error("\"\(text.prefix(64))\" is not a positive whole number") }
     guard n <= limit else { throw r.error("\(n) is more than the \(limit) allowed") }
     return n
+}
+
+extension KafkaSettings {
+    /// The consumer's properties: the embedded cluster's session times out in 6 s unless set.
+    var consumerProperties: KafkaProperties {
+        var p = KafkaProperties(properties)
+        if isEmbedded, p["session.timeout.ms"] == nil { p["session.timeout.ms"] = "6000" }
+        return p
+    }
+
+    /// The dead-letter producer's: a send that cannot be delivered fails within 30 s, not
+    /// librdkafka's five minutes, so that its retries (which end on SIGTERM) are what waits —
+    /// not one send that outlasts a shutdown's grace period.
+    var deadLetterProperties: KafkaProperties { withDeliveryTimeout("30000") }
+
+    /// The pushed SETs' producer's: a sender waits for its answer, so a cluster that cannot be
+    /// reached is a 503 within seconds.
+    var pushProperties: KafkaProperties { withDeliveryTimeout("10000") }
+
+    private func withDeliveryTimeout(_ milliseconds: String) -> KafkaProperties {
+        var p = consumerProperties
+        if p["message.timeout.ms"] == nil { p["message.timeout.ms"] = milliseconds }
+        return p
+    }
+
+    func consumerConfiguration(brokers: String) -> KafkaConsumerConfiguration {
+        .init(bootstrapServers: brokers, groupID: group, topics: [topic], properties: consumerProperties,
+              maximumInFlight: maximumInFlight, commitInterval: .seconds(commitInterval))
+    }
+
+    /// Makes every client `warden run` makes from these settings, connecting to nothing, so that
+    /// what librdkafka refuses only together is a configuration error (exit 2) found by
+    /// `check-config` and at the start of `run`. `pushing`: SETs are pushed or polled onto the topic.
+    func checkClients(pushing: Bool) throws(ConfigError) {
+        do {
+            try KafkaProperties.checkClients(consumer: consumerConfiguration(brokers: ""),
+                                             producers: [("dead-letter producer", deadLetterProperties)]
+                                                 + (pushing ? [("pushed SETs' producer", pushProperties)] : []))
+        } catch {
+            throw ConfigError(path: "kafka.properties", error.message)
+        }
+    }
 }

@@ -229,6 +229,13 @@ struct InvalidationConfigTests {
             .contains("subjects.resolve.key: {sub} names a subject without its issuer"))
         #expect(result("subjects: {resolve: {sql: \"SELECT id FROM users WHERE sub = ?\", target: local}}")
             .contains("subjects.resolve.parameters: {sub} names a subject without its issuer"))
+        // {iss} and the subject apart by a character no issuer holds: else issuer https://kc/a
+        // with subject b1 spells issuer https://kc/ab with subject 1.
+        for key in ["u:{iss}{sub}", "u:{iss}:{sub}", "u:{sub}/{iss}"] {
+            #expect(result("subjects: {resolve: {redis: sessions, key: \"\(key)\"}}")
+                .contains("subjects.resolve.key: {iss} must be followed by a character no issuer holds"), "\(key)")
+        }
+        #expect(!result("subjects: {resolve: {redis: sessions, key: \"u:{sub}|{iss}\"}}").contains("{iss} must be followed"))
         let lookup = "subjects: {resolve: {sql: \"SELECT id FROM users WHERE iss = ? AND email = ?\", target: local, parameters: [\"{iss}\", \"{email}\"]}}\n"
         // Policy texts: each Redis key on its own, a statement's parameters together.
         #expect(result(lookup + "policy: {sessions-revoked: [{purge-keys: {target: sessions, keys: [\"sess:{iss}\", \"sess:{sid}\"]}}]}")
@@ -319,7 +326,9 @@ extension InvalidationConfigTests {
         // is made (a key file it cannot read): refused by both before anything starts, exit 2.
         for (properties, words) in [("{fetch.max.bytes: 1000, message.max.bytes: 100000}", "`fetch.max.bytes` must be >= `message.max.bytes`"),
                                     ("{security.protocol: ssl, ssl.key.location: /nonexistent/key.pem, ssl.key.password: hunter2secret}",
-                                     "ssl.key.location failed")] {
+                                     "ssl.key.location failed"),
+                                    // Each producer's own delivery timeout (the dead letters' 30 s) is checked with it.
+                                    ("{linger.ms: 40000}", "(dead-letter producer)")] {
             try (Self.issuer + kafka.replacingOccurrences(of: "{sesion.timeout.ms: 6000}", with: properties))
                 .write(to: config, atomically: true, encoding: .utf8)
             for command in ["check-config", "run"] {

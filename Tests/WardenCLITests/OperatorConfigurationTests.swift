@@ -213,6 +213,30 @@ struct OperatorConfigurationTests {
         LogLevelControl.current = .info
     }
 
+    /// A reload that changes the issuers applies no policy, lookup or target with them: those
+    /// were checked against issuers that run only after a restart. (Two issuers run; the new file
+    /// has one, where a key naming {sub} without {iss} passes the check.)
+    @Test func aReloadThatChangesTheIssuersAppliesNoPolicy() throws {
+        let second = """
+              - issuer: https://other.example/
+                jwks-uri: https://other.example/jwks
+                audiences: [app]
+
+            """
+        let scoped = "subjects: {resolve: {redis: sessions, key: \"u:{iss}|{sub}\"}}\n"
+        let redis = "targets: {sessions: {redis: \"redis://127.0.0.1:6379\"}}\n"
+        let two = try WardenConfiguration.parse(yaml: Self.issuer + second + redis + scoped, environment: [:],
+                                                baseDirectory: FileManager.default.temporaryDirectory)
+        var running = two
+        let planner = Invalidation.Planner(policy: two.invalidation.policy)
+        let one = try parse(redis + scoped + "policy: {sessions-revoked: [{purge-keys: {target: sessions, keys: [\"sess:{sub}\"]}}]}\n")
+        let (applied, restart) = ConfigurationReload.apply(one, to: &running, planner: planner)
+        #expect(!applied.contains { $0.hasPrefix("policy") }, "\(applied)")
+        #expect(restart.contains { $0.hasPrefix("targets, token stores, subjects and policy") } && restart.contains("issuers"), "\(restart)")
+        #expect(planner.policy == two.invalidation.policy)
+        #expect(running.invalidation.policy == two.invalidation.policy && running.invalidation.subjects == two.invalidation.subjects)
+    }
+
     // A certificate authority file replaced in place under the same name: the reload sees the
     // new contents and builds new connections for that target (the path alone did not change).
     @Test func reloadNoticesACertificateFileReplacedInPlace() async throws {
