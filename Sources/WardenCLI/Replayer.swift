@@ -48,6 +48,9 @@ struct ReplayFinding: Sendable {
     /// For an event that lifts a restriction: its subject's JSON text and `iat`, to find a
     /// later event of the subject before acting on it.
     var restoring: (subject: String, issuedAt: Double)?
+    /// For a valid entry of the log: the key it verified with (`kid`, thumbprint), so that the
+    /// keys never-processed events rest on can be checked before `--apply`.
+    var key: (id: String?, thumbprint: String)?
 
     /// One line of the JSON Lines report.
     var reportLine: String {
@@ -64,6 +67,10 @@ struct ReplayFinding: Sendable {
         object["status"] = .string(status.rawValue)
         if let eventID { object["event_id"] = .number(Double(eventID)) }
         if valid { object["planned"] = .array(planned.map(JSONValue.string)) }
+        if let key {
+            if let id = key.id { object["kid"] = .string(id) }
+            object["key_thumbprint"] = .string(key.thumbprint)
+        }
         if let ledgerSteps {
             object["ledger_steps"] = .array(ledgerSteps.map { .object(["kind": .string($0.kind), "status": .string($0.status.rawValue)]) })
         }
@@ -132,6 +139,8 @@ final class Replayer {
         /// event of its subject would undo that one: its subject's JSON text, as the ledger
         /// keeps it, and its `iat`.
         var restoring: (subject: String, issuedAt: Double)?
+        /// The key it verified with: its `kid` and RFC 7638 thumbprint.
+        var key: (id: String?, thumbprint: String)
     }
 
     /// Event types whose steps lift what earlier ones imposed: applied out of order, they undo
@@ -157,7 +166,8 @@ final class Replayer {
                 return .valid(Valid(issuer: token.issuer, jti: token.jti, types: token.events.map { $0.type.name },
                                     planned: planner.plan(token, subject: .user("-")).steps.map { $0.action.kind },
                                     issuedAt: token.issuedAt,
-                                    restoring: lifts ? token.primarySubject.map { ($0.jsonText, token.issuedAt) } : nil))
+                                    restoring: lifts ? token.primarySubject.map { ($0.jsonText, token.issuedAt) } : nil,
+                                    key: (verified.header.keyID, verified.keyThumbprint)))
             case .failure(let error):
                 return .invalid(error)
             }
@@ -217,6 +227,7 @@ final class Replayer {
                                             types: valid.types, status: first ? .ok : .duplicate,
                                             planned: valid.planned, time: entry.receivedAt ?? valid.issuedAt)
                 finding.restoring = valid.restoring
+                finding.key = valid.key
                 findings.append(finding)
                 if first { lookups.append(EventKey(issuer: valid.issuer, jti: valid.jti)) }
             }

@@ -114,6 +114,10 @@ struct ReplayTests {
         #expect(dry.lines[0]["verdict"]?.stringValue == "valid")
         #expect(dry.lines[0]["types"]?.arrayValue == [.string("sessions-revoked")])
         #expect(dry.lines[0]["planned"]?.arrayValue == [.string("notify")])
+        // The key a valid entry verified with, to check before --apply; none for an invalid one.
+        #expect(dry.lines[0]["kid"]?.stringValue?.isEmpty == false && dry.lines[0]["key_thumbprint"]?.stringValue?.count == 43,
+                "\(dry.lines[0])")
+        #expect(dry.lines[2]["kid"] == nil && dry.lines[2]["key_thumbprint"] == nil)
         #expect(dry.lines[2]["verdict"]?.stringValue == "invalid")
         #expect(dry.lines[2]["err"]?.stringValue == "invalid_key", "a token forged under an archived kid is refused: \(dry.lines[2])")
         #expect(dry.lines[2]["jti"]?.stringValue == "forged-1")
