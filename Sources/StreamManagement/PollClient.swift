@@ -118,8 +118,12 @@ public final class PollClient: Sendable {
             return .failed(retryAfter: lastRetryAfter.withLock { $0 })
         }
         guard case .object(let object) = sets else { return .failed(retryAfter: nil) }
-        let delivered = object["sets"]?.objectValue ?? [:]
-        let more = object["moreAvailable"]?.boolValue ?? false
+        // At most what was asked for: entries past `maxEvents` (a transmitter's fault, or an
+        // answer of a million junk entries) are neither persisted nor reported — the
+        // transmitter sends them again — so one answer cannot hold the stream or the ledger.
+        let answered = object["sets"]?.objectValue ?? [:]
+        let delivered = JSONObject(Array(answered.members.prefix(settings.maximumEvents)))
+        let more = (object["moreAvailable"]?.boolValue ?? false) || answered.count > delivered.count
         // The SETs persisted together, in the order the transmitter gave them (one subject's
         // events keep it); the acknowledgements go with the next request.
         var outcomes: [(String, PolledOutcome)] = []
@@ -154,8 +158,8 @@ public final class PollClient: Sendable {
         // Only SETs this very request acknowledged or reported in error: the transmitter did not
         // take them (or sends them again at once). Asked again after the idle pause, not in a
         // tight loop that writes a duplicate delivery, or a rejection, per answer.
-        let answered = Set(acks).union(errors.map(\.jti))
-        if !delivered.isEmpty, delivered.allSatisfy({ answered.contains($0.name) }) {
+        let reported = Set(acks).union(errors.map(\.jti))
+        if !delivered.isEmpty, delivered.allSatisfy({ reported.contains($0.name) }) {
             logger.warning("the transmitter sent again only SETs just acknowledged or reported; pausing before the next poll",
                            metadata: ["warden.sets": "\(delivered.count)"])
             return .idle
