@@ -1,5 +1,6 @@
 public import Foundation
 import Invalidation
+import Pipeline
 public import TokenVerification
 import AsyncHTTPClient
 public import HTTPExchange
@@ -51,6 +52,10 @@ public struct WardenConfiguration: Sendable {
     public var pollStreams: [StreamConfiguration] {
         streams.filter { if case .poll? = $0.settings.delivery { true } else { false } }
     }
+
+    /// The least time a pushed or polled SET may take from its arrival to a worker reading it
+    /// from the topic and still be judged as of its arrival (`KafkaIntake.arrivalWindow`).
+    static let minimumArrivalWindow: Double = 3600
 
     /// Whether `warden run` takes SETs by push or poll (produced onto the topic with Kafka).
     public var isPushing: Bool { receiver != nil || !pollStreams.isEmpty }
@@ -115,6 +120,18 @@ public struct WardenConfiguration: Sendable {
             outboundCAFile: try outboundCAFile(root.child("http-client")),
             outboundProxies: try outboundProxies(environment))
         try checkEnvironment(root)
+        // Pushed or polled SETs go through the topic, and the worker judges their claims as of
+        // their arrival only within this window: with none, a SET answered 202 near the end of
+        // its max-age and read a moment later would be refused as too old.
+        if configuration.kafka != nil, configuration.isPushing, let retention = configuration.ledgerRetention {
+            let window = KafkaIntake.arrivalWindow(retention: retention, issuers: issuers)
+            if window < Self.minimumArrivalWindow {
+                throw root.child("ledger").child("retention").error(
+                    "leaves \(Int(window)) s (at least \(Int(Self.minimumArrivalWindow)) s needed) beyond the longest max-age plus clock skew "
+                    + "for a pushed or polled SET to be read from the topic and still judged as of its arrival: a SET answered 202 "
+                    + "could be refused as too old; lengthen the retention or shorten that max-age")
+            }
+        }
         return configuration
     }
 

@@ -213,6 +213,33 @@ struct OperatorConfigurationTests {
         LogLevelControl.current = .info
     }
 
+    /// Pushed SETs go through the topic and are judged as of their arrival only within
+    /// retention − (max-age + skew): a retention leaving less than an hour for a worker to read
+    /// them is refused, or a SET answered 202 near the end of its max-age could be refused as
+    /// too old once read.
+    @Test func aRetentionLeavingPushedSETsNoTimeToBeReadIsRefused() throws {
+        func parse(retention: String) throws(ConfigError) -> WardenConfiguration {
+            try WardenConfiguration.parse(yaml: """
+                issuers:
+                  - issuer: https://accounts.google.com/
+                    jwks-uri: https://www.googleapis.com/oauth2/v3/certs
+                    audiences: [app]
+                    max-age: 1d
+                    clock-skew: 5m
+                kafka: {brokers: embedded}
+                receiver: {listen: "127.0.0.1:0"}
+                ledger: {url: "sqlite:ledger.sqlite", retention: \(retention)}
+                """, environment: [:], baseDirectory: FileManager.default.temporaryDirectory)
+        }
+        do {
+            _ = try parse(retention: "1445m")
+            Issue.record("a retention of max-age + skew (no arrival window) passed")
+        } catch {
+            #expect(error.description.contains("ledger.retention: leaves 0 s (at least 3600 s needed)"), "\(error)")
+        }
+        #expect(try parse(retention: "2d").ledgerRetention == 2 * 86_400)
+    }
+
     /// A reload that changes the issuers applies no policy, lookup or target with them: those
     /// were checked against issuers that run only after a restart. (Two issuers run; the new file
     /// has one, where a key naming {sub} without {iss} passes the check.)
