@@ -69,8 +69,10 @@ final class KafkaClient: @unchecked Sendable {
         retainedContext.release()
     }
 
-    /// The fatal error librdkafka reported, if any.
-    var fatalError: String? { context.fatal.withLock { $0 } }
+    /// The fatal error librdkafka reported, if any: as its error callback recorded it, or asked
+    /// of librdkafka itself, which marks the client failed (and refuses calls) before that
+    /// callback has run.
+    var fatalError: String? { context.fatal.withLock { $0 } ?? fatalErrorText(handle) }
 }
 
 /// librdkafka's log lines, at the matching swift-log level (syslog levels 0–7).
@@ -88,6 +90,14 @@ private let kafkaLogCallback: @convention(c) (OpaquePointer?, Int32, UnsafePoint
                        metadata: ["kafka.facility": "\(facility.map { String(cString: $0) } ?? "")"])
 }
 
+/// The fatal error librdkafka holds for the client, as "NAME: reason"; nil while it has none.
+private func fatalErrorText(_ rk: OpaquePointer) -> String? {
+    var buffer = [CChar](repeating: 0, count: 512)
+    let original = rd_kafka_fatal_error(rk, &buffer, buffer.count)
+    guard original != RD_KAFKA_RESP_ERR_NO_ERROR else { return nil }
+    return "\(String(cString: rd_kafka_err2name(original))): \(String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self))"
+}
+
 /// Client-level errors. Most are transient (librdkafka retries by itself) and are logged; a
 /// fatal error is recorded so the owner stops.
 private let kafkaErrorCallback: @convention(c) (OpaquePointer?, Int32, UnsafePointer<CChar>?, UnsafeMutableRawPointer?) -> Void = {
@@ -96,9 +106,7 @@ private let kafkaErrorCallback: @convention(c) (OpaquePointer?, Int32, UnsafePoi
     let text = reason.map { String(cString: $0) } ?? ""
     let code = rd_kafka_resp_err_t(err)
     if code == RD_KAFKA_RESP_ERR__FATAL, let rk {
-        var buffer = [CChar](repeating: 0, count: 512)
-        let original = rd_kafka_fatal_error(rk, &buffer, buffer.count)
-        let message = "\(String(cString: rd_kafka_err2name(original))): \(String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self))"
+        let message = fatalErrorText(rk) ?? text
         context.fatal.withLock { if $0 == nil { $0 = message } }
         context.logger.critical("Kafka client failed fatally", metadata: ["kafka.error": "\(message)"])
     } else {

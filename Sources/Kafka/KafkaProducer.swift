@@ -28,7 +28,7 @@ public final class KafkaProducer: Sendable {
         let thread = Thread { [client, loop] in
             while loop.running.withLock({ $0 }) {
                 rd_kafka_poll(client.handle, 100)
-                if let fatal = client.fatalError { loop.ended.end(fatal) }  // recorded by the error callback this poll served
+                if let fatal = client.fatalError { loop.ended.end(fatal) }
             }
             loop.ended.end(nil)
             loop.stopped.signal()
@@ -155,15 +155,7 @@ public final class KafkaProducer: Sendable {
 
     /// The fatal error librdkafka reported, if any: the producer cannot send again, and a fresh
     /// process (a fresh producer) is what mends it.
-    /// Asked of librdkafka itself when its error callback has not run yet: it marks the client
-    /// failed at once, and refuses sends from then on.
-    public var fatalError: String? {
-        if let recorded = client.fatalError { return recorded }
-        var buffer = [CChar](repeating: 0, count: 512)
-        let err = rd_kafka_fatal_error(client.handle, &buffer, buffer.count)
-        guard err != RD_KAFKA_RESP_ERR_NO_ERROR else { return nil }
-        return "\(String(cString: rd_kafka_err2name(err))): \(String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self))"
-    }
+    public var fatalError: String? { client.fatalError }
 
     /// Waits until the producer fails fatally (its reason) or is closed, or the task is
     /// cancelled (nil).

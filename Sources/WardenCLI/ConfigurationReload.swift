@@ -71,16 +71,16 @@ struct ConfigurationReload: Service {
         }
         current.logLevel = fresh.logLevel
         let old = current.invalidation, new = fresh.invalidation
+        let sameTargets = new.targets == old.targets && new.tokenStores == old.tokenStores && new.subjects == old.subjects
+            && new.targetFileDigests == old.targetFileDigests
         if fresh.issuers != current.issuers {
             // The new policy and lookups were checked against issuers that run only after a
             // restart: with one issuer fewer, `identity` or `session:{sid}` would pass the check
             // while several issuers still run, and let one act on another's users.
-            if new.targets != old.targets || new.tokenStores != old.tokenStores || new.subjects != old.subjects
-                || new.policy != old.policy || new.targetFileDigests != old.targetFileDigests {
+            if !sameTargets || new.policy != old.policy {
                 needsRestart.append("targets, token stores, subjects and policy (checked against the new issuers, which need a restart)")
             }
-        } else if new.targets == old.targets, new.tokenStores == old.tokenStores, new.subjects == old.subjects,
-           new.targetFileDigests == old.targetFileDigests {
+        } else if sameTargets {
             if new.policy != old.policy {
                 planner.replace(new.policy)
                 current.invalidation = new
