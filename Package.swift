@@ -34,7 +34,8 @@ let package = Package(
     ],
     targets: [
         // Thin C layer over Debian's OpenSSL libcrypto: public keys from JWK members and
-        // signature checks. Everything above it is Swift.
+        // signature checks, with the RSA public operation on AVX-512 IFMA where the CPU has it
+        // (functions with a target attribute, chosen at run time). Everything above it is Swift.
         .target(
             name: "CWardenCrypto",
             linkerSettings: [.linkedLibrary("crypto")]

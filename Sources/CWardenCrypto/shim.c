@@ -1,4 +1,5 @@
 #include "CWardenCrypto.h"
+#include "montgomery52.h"
 
 #include <string.h>
 #include <openssl/bn.h>
@@ -20,6 +21,9 @@ struct warden_key {
     BIGNUM *e;
     BN_MONT_CTX *mont; /* Montgomery form of n */
     size_t modulus_len;
+    /* The same key for the AVX-512 IFMA path (montgomery52.c), when the CPU has it and n has
+       at most 2048 bits; NULL otherwise. */
+    warden_m52 *fast;
 };
 
 struct warden_checker {
@@ -59,6 +63,22 @@ static EVP_PKEY *from_params(const char *type, OSSL_PARAM *params) {
     return pkey;
 }
 
+/* The key in 52-bit limbs with R^2 mod n (R = 2^2080); NULL if anything fails, and the key
+   then runs on libcrypto alone. */
+static warden_m52 *fast_form(const BIGNUM *n, const BIGNUM *e, BN_CTX *ctx) {
+    warden_m52 *fast = OPENSSL_zalloc(sizeof(*fast));
+    BIGNUM *r2 = BN_new();
+    uint8_t n_bytes[256], r2_bytes[256];
+    int n_len = BN_num_bytes(n);
+    int ok = fast != NULL && r2 != NULL && n_len <= 256 &&
+             BN_set_bit(r2, 2 * 52 * WARDEN_M52_LIMBS) && BN_mod(r2, r2, n, ctx) &&
+             BN_bn2binpad(n, n_bytes, n_len) == n_len && BN_bn2binpad(r2, r2_bytes, n_len) == n_len &&
+             warden_m52_init(fast, n_bytes, (size_t)n_len, r2_bytes, (size_t)n_len, (uint64_t)BN_get_word(e));
+    BN_free(r2);
+    if (!ok) { OPENSSL_free(fast); return NULL; }
+    return fast;
+}
+
 warden_key *warden_rsa_key_new(const uint8_t *n, size_t n_len, const uint8_t *e, size_t e_len) {
     EVP_PKEY *pkey = NULL;
     BIGNUM *bn_n = BN_bin2bn(n, (int)n_len, NULL);
@@ -79,6 +99,9 @@ warden_key *warden_rsa_key_new(const uint8_t *n, size_t n_len, const uint8_t *e,
         (params = OSSL_PARAM_BLD_to_param(bld)) != NULL) {
         pkey = from_params("RSA", params);
         key = wrap(pkey, 1, 0);
+    }
+    if (key != NULL && warden_m52_cpu_supported() && BN_num_bits(bn_n) <= 2048) {
+        key->fast = fast_form(bn_n, bn_e, ctx);
     }
     if (key != NULL) {
         key->n = bn_n;
@@ -143,6 +166,7 @@ void warden_key_free(warden_key *key) {
     BN_free(key->n);
     BN_free(key->e);
     BN_MONT_CTX_free(key->mont);
+    OPENSSL_free(key->fast);
     OPENSSL_free(key);
 }
 
@@ -287,32 +311,54 @@ done:
     return result > 0 ? result : 0;
 }
 
+/* RSAVP1 (RFC 8017 §5.2.2): m = s^e mod n into `out` (k bytes), 0 when s >= n. On libcrypto's
+   Montgomery multiplication, with the key's precomputed Montgomery context and the caller's
+   scratch numbers: left-to-right square-and-multiply over the bits of e. */
+static int public_op_libcrypto(const warden_key *key, BN_CTX *ctx, BIGNUM *s, BIGNUM *s_mont, BIGNUM *m,
+                               const uint8_t *signature, size_t k, uint8_t *out) {
+    if (BN_bin2bn(signature, (int)k, s) == NULL) return 0;
+    if (BN_ucmp(s, key->n) >= 0) return 0;
+    if (!BN_to_montgomery(s_mont, s, key->mont, ctx)) return 0;
+    if (BN_copy(m, s_mont) == NULL) return 0;
+    for (int bit = BN_num_bits(key->e) - 2; bit >= 0; bit--) {
+        if (!BN_mod_mul_montgomery(m, m, m, key->mont, ctx)) return 0;
+        if (BN_is_bit_set(key->e, bit) && !BN_mod_mul_montgomery(m, m, s_mont, key->mont, ctx)) return 0;
+    }
+    if (!BN_from_montgomery(m, m, key->mont, ctx)) return 0;
+    return BN_bn2binpad(m, out, (int)k) == (int)k;
+}
+
+int warden_rsa_key_is_fast(const warden_key *key) { return key != NULL && key->fast != NULL; }
+
+int warden_rsa_public(const warden_key *key, int fast, const uint8_t *s, size_t s_len, uint8_t *m, size_t m_len) {
+    if (key == NULL || key->kind != 1 || s_len != key->modulus_len || m_len != s_len) return 0;
+    if (fast) return key->fast != NULL && warden_m52_public(key->fast, s, s_len, m);
+    BN_CTX *ctx = BN_CTX_new();
+    BIGNUM *a = BN_new(), *b = BN_new(), *c = BN_new();
+    int ok = ctx && a && b && c && public_op_libcrypto(key, ctx, a, b, c, s, s_len, m);
+    BN_free(a);
+    BN_free(b);
+    BN_free(c);
+    BN_CTX_free(ctx);
+    return ok;
+}
+
 /* RSASSA-PKCS1-v1_5 verification as RFC 8017 §8.2.2 specifies it: m = s^e mod n, then the
    whole encoded message is compared with the one built from the digest. Nothing in the
    recovered message is parsed, so no padding or DigestInfo variant can slip through. The
-   exponentiation runs on libcrypto's Montgomery multiplication with the key's precomputed
-   Montgomery context and this checker's scratch numbers; all inputs are public. */
+   exponentiation runs on AVX-512 IFMA where the key has that form (montgomery52.c), else on
+   libcrypto; all inputs are public. */
 static int pkcs1_v15_verify(warden_checker *c, const uint8_t *signature, size_t signature_len,
                             const uint8_t *digest, size_t digest_len) {
     const warden_key *key = c->key;
     size_t k = key->modulus_len;
     if (signature_len != k || k > 2048) return 0;
     if (k < c->digest_info_len + digest_len + 11) return 0;
-    BN_CTX *ctx = c->bn_ctx;
-    if (BN_bin2bn(signature, (int)signature_len, c->s) == NULL) return 0;
-    /* RSAVP1 step 1: the signature representative must be less than n. */
-    if (BN_ucmp(c->s, key->n) >= 0) return 0;
-    /* Left-to-right square-and-multiply over the bits of e, in Montgomery form. */
-    if (!BN_to_montgomery(c->s_mont, c->s, key->mont, ctx)) return 0;
-    if (BN_copy(c->m, c->s_mont) == NULL) return 0;
-    for (int bit = BN_num_bits(key->e) - 2; bit >= 0; bit--) {
-        if (!BN_mod_mul_montgomery(c->m, c->m, c->m, key->mont, ctx)) return 0;
-        if (BN_is_bit_set(key->e, bit) && !BN_mod_mul_montgomery(c->m, c->m, c->s_mont, key->mont, ctx)) return 0;
-    }
-    if (!BN_from_montgomery(c->m, c->m, key->mont, ctx)) return 0;
-
     uint8_t recovered[2048], expected[2048];
-    if (BN_bn2binpad(c->m, recovered, (int)k) != (int)k) return 0;
+    int computed = key->fast != NULL
+        ? warden_m52_public(key->fast, signature, k, recovered)
+        : public_op_libcrypto(key, c->bn_ctx, c->s, c->s_mont, c->m, signature, k, recovered);
+    if (!computed) return 0;
     /* EM = 0x00 || 0x01 || PS (0xff…, at least 8) || 0x00 || DigestInfo || H */
     size_t t_len = c->digest_info_len + digest_len;
     expected[0] = 0x00;

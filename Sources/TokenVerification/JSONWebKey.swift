@@ -51,6 +51,19 @@ public final class VerificationKey: @unchecked Sendable, CustomStringConvertible
 
     public var description: String { "\(family.rawValue) key \(quoted(keyID)) (\(bits) bits)" }
 
+    /// Whether this RSA key's public operation runs on AVX-512 IFMA (this CPU has it and the
+    /// modulus has at most 2048 bits) rather than on libcrypto.
+    package var usesIFMA: Bool { warden_rsa_key_is_fast(key) == 1 }
+
+    /// RSAVP1, s^e mod n, on the IFMA path (`ifma`) or libcrypto's, to check one against the
+    /// other; nil when refused (s not below n, or not as long as the modulus).
+    package func rsaPublicOperation(_ s: [UInt8], ifma: Bool) -> [UInt8]? {
+        var m = [UInt8](repeating: 0, count: s.count)
+        let done = s.withUnsafeBufferPointer { sb in m.withUnsafeMutableBufferPointer { mb in
+            warden_rsa_public(key, ifma ? 1 : 0, sb.baseAddress, sb.count, mb.baseAddress, mb.count) } }
+        return done == 1 ? m : nil
+    }
+
     /// Whether `signature` is a valid signature by this key over `message` with `algorithm`.
     /// Also false when the algorithm is not one this key is bound to.
     public func isValidSignature(_ signature: UnsafeRawBufferPointer, for message: UnsafeRawBufferPointer,

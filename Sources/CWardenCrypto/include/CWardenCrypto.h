@@ -30,6 +30,14 @@ void warden_key_free(warden_key *key);
 /// Size of the key in bits (RSA modulus, EC field).
 int warden_key_bits(const warden_key *key);
 
+/// 1 when an RSA key's public operation runs on AVX-512 IFMA (the CPU has it and the modulus has
+/// at most 2048 bits), 0 when it runs on libcrypto alone.
+int warden_rsa_key_is_fast(const warden_key *key);
+/// RSAVP1: m = s^e mod n for an RSA key, s and m as long as the modulus (big-endian). `fast` 1
+/// on the IFMA path (0 if the key has none), 0 on libcrypto's. 1 on success, 0 when s >= n or
+/// a size differs. For checking one path against the other.
+int warden_rsa_public(const warden_key *key, int fast, const uint8_t *s, size_t s_len, uint8_t *m, size_t m_len);
+
 /// Returns NULL if the key cannot be used with the algorithm.
 warden_checker *warden_checker_new(const warden_key *key, warden_alg alg);
 void warden_checker_free(warden_checker *checker);
