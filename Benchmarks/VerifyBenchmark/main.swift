@@ -117,7 +117,7 @@ let envelopeRate = await measure(seconds: 0.5) { @Sendable _ in (try? SecurityEv
 func format(_ x: Double) -> String { String(format: "%.0f", x) }
 func micros(_ rate: Double) -> String { String(format: "%.1f µs", 1e6 / rate) }
 print("warden verify (parse, header, key, RS256, claims): \(format(fullRate)) SETs/s on one core (\(micros(fullRate)) each)")
-print("  of which the signature check (SHA-256 + RSA on libcrypto): \(format(signatureRate)) /s (\(micros(signatureRate)))")
+print("  of which the signature check (SHA-256 + RSA on \(usable.usesIFMA ? "AVX-512 IFMA" : "libcrypto")): \(format(signatureRate)) /s (\(micros(signatureRate)))")
 print("  the rest: \(String(format: "%.1f µs", 1e6 / fullRate - 1e6 / signatureRate)); base64url of 3 parts \(micros(decodeRate)), JSON claims \(micros(jsonRate)), SET envelope \(micros(envelopeRate))")
 print("openssl speed rsa2048's verify operation, in-process, interleaved: \(format(inProcessReference)) /s")
 print(String(format: "ratio warden verify / openssl operation (interleaved): %.2f (target ≥ 0.85)", fullRate / inProcessReference))
