@@ -33,7 +33,8 @@ public struct PushReceiver: Sendable {
         public var rateLimit: ClientRateLimiter.Settings?
         /// Seconds a connection may stay silent (no request part arriving, none answered) before
         /// it is closed: a client that opens connections and sends nothing, or a request line a
-        /// byte at a time, holds none for long. Default 30.
+        /// byte at a time, holds none for long. Also how long a request's body may take to
+        /// arrive whole once its head is read. Default 30.
         public var idleTimeout: Double
 
         public init(host: String, port: Int, path: String = "/events", bearerTokens: [String] = [], maximumBodyBytes: Int = 65_536,
@@ -106,7 +107,7 @@ public struct PushReceiver: Sendable {
     public func addRoutes(to router: Router<WardenRequestContext>) {
         let path = RouterPath(settings.path)
         router.post(path) { request, context in
-            let response = await self.handle(request, client: context.clientAddress)
+            let response = await self.handle(request, client: context.clientAddress, connection: context.channel)
             // Refused before (or while) its body was read: the rest is not read.
             return Self.refusedUnread.contains(response.status) ? context.closingConnection(after: response) : response
         }
@@ -120,15 +121,17 @@ public struct PushReceiver: Sendable {
     }
 
     /// Answers given before the body is read whole (`answer`).
-    static let refusedUnread: Set<HTTPResponse.Status> = [.unauthorized, .tooManyRequests, .unsupportedMediaType, .contentTooLarge]
+    static let refusedUnread: Set<HTTPResponse.Status> = [
+        .unauthorized, .tooManyRequests, .unsupportedMediaType, .contentTooLarge, .requestTimeout,
+    ]
 
-    func handle(_ request: Request, client: String) async -> Response {
-        let response = await answer(request, client: client)
+    func handle(_ request: Request, client: String, connection: any Channel) async -> Response {
+        let response = await answer(request, client: client, connection: connection)
         metrics.pushAnswered(response.status.code)
         return response
     }
 
-    private func answer(_ request: Request, client: String) async -> Response {
+    private func answer(_ request: Request, client: String, connection: any Channel) async -> Response {
         // The bearer token is checked first (in constant time, before the body is read): a
         // request that fails it counts against a rate of its own, never against the rate of
         // the transmitters that authenticate from the same address.
@@ -146,12 +149,21 @@ public struct PushReceiver: Sendable {
         if let length = request.headers[.contentLength].flatMap({ Int($0) }), length > settings.maximumBodyBytes {
             return Response(status: .contentTooLarge)
         }
+        // The body must arrive whole within `idle-timeout` of the request's head: sent a byte
+        // at a time, each byte restarting the idle timer, it would hold the connection (and
+        // this request) for up to `max-body-bytes` times that. Past it the connection is closed,
+        // which ends the read whatever the body stream does with cancellation.
+        let deadline = BodyDeadline(connection, seconds: settings.idleTimeout)
         let body: ByteBuffer
         do {
             body = try await request.body.collect(upTo: settings.maximumBodyBytes)
+            deadline.cancel()
         } catch {
-            return Response(status: .contentTooLarge)
+            deadline.cancel()
+            return Response(status: deadline.fired ? .requestTimeout : .contentTooLarge)
         }
+        // Closed as the last byte came: what arrived is not taken.
+        if deadline.fired { return Response(status: .requestTimeout) }
         metrics.pushBytes(body.readableBytes)
         metrics.received(source: "push")
         let message = IntakeMessage(value: Array(buffer: body), source: "push", receivedAt: Date().timeIntervalSince1970)
@@ -174,6 +186,26 @@ public struct PushReceiver: Sendable {
         case .unavailable:
             return Self.unavailable()
         }
+    }
+
+    /// Closes a connection whose request body has not arrived whole in time.
+    struct BodyDeadline: Sendable {
+        private final class Flag: Sendable { let value = Atomic(false) }
+        private let scheduled: Scheduled<Void>
+        private let flag = Flag()
+
+        init(_ connection: any Channel, seconds: Double) {
+            let flag = self.flag
+            scheduled = connection.eventLoop.scheduleTask(in: .nanoseconds(Int64(seconds * 1_000_000_000))) {
+                flag.value.store(true, ordering: .releasing)
+                connection.close(promise: nil)
+            }
+        }
+
+        /// Whether the deadline passed and the connection was closed.
+        var fired: Bool { flag.value.load(ordering: .acquiring) }
+
+        func cancel() { scheduled.cancel() }
     }
 
     /// `429` with `Retry-After` when `client` is over its rate at `limiter`.

@@ -57,6 +57,27 @@ struct PushReceiverTests {
         return try await runProgram("/usr/bin/python3", ["-c", prelude + script, "\(port)"] + (argument.map { [$0] } ?? []))
     }
 
+    /// A client that sends a request head (its argument, `|` for CRLF), then a body byte
+    /// every 0.2 s at most for 15 s; prints the answer's status (`-`: none) and whether the
+    /// connection was closed meanwhile.
+    static let trickle = """
+        s.sendall(sys.argv[2].encode().replace(b"|", b"\\r\\n"))
+        s.settimeout(0.2)
+        answer, started, verdict = b"", time.time(), "still open"
+        while time.time() - started < 15:
+            try:
+                s.sendall(b"x")
+                part = s.recv(4096)
+                if part == b"":
+                    verdict = "closed"; break
+                answer += part
+            except socket.timeout:
+                pass
+            except OSError:
+                verdict = "closed"; break
+        print(answer.split(b" ")[1].decode() if answer else "-", verdict)
+        """
+
     struct Answer {
         let status: Int
         let headers: [AnyHashable: Any]
@@ -255,33 +276,34 @@ struct PushReceiverTests {
         defer { setup.cleanUp() }
         let worker = try WorkerProcess(config: setup.config)
         let port = try await worker.announcedPort("receiver")
-        let client = """
-            s.sendall(sys.argv[2].encode().replace(b"|", b"\\r\\n"))
-            s.settimeout(0.5)
-            answer, started, verdict = b"", time.time(), "still open"
-            while time.time() - started < 8:
-                try:
-                    s.sendall(b"x")
-                    part = s.recv(4096)
-                    if part == b"":
-                        verdict = "closed"; break
-                    answer += part
-                except socket.timeout:
-                    pass
-                except OSError:
-                    verdict = "closed"; break
-            print(answer.split(b" ")[1].decode() if answer else "-", verdict)
-            """
         let heads = [
             ("POST /events HTTP/1.1|Host: x|Content-Type: application/secevent+jwt|Content-Length: 100000||", 401),
             ("POST /events HTTP/1.1|Host: x|Authorization: Bearer \(Self.bearer)|Content-Type: application/secevent+jwt|Content-Length: 10000000000||", 413),
             ("PUT /events HTTP/1.1|Host: x|Content-Length: 100000||", 405),
         ]
         for (head, status) in heads {
-            #expect(try await Self.rawClient(port, client, head) == "\(status) closed")
+            #expect(try await Self.rawClient(port, Self.trickle, head) == "\(status) closed")
         }
         // A request sent whole is still answered, on a connection kept open.
         #expect(try await Self.send(port, try WorkerTests.token(subject: "u-refused"), bearer: Self.bearer).status == 202)
+        #expect(await worker.terminate() == 0)
+    }
+
+    /// An authenticated request whose body trickles in a byte at a time (each byte restarting
+    /// the idle timer) holds its connection no longer than `idle-timeout` after its head: the
+    /// connection is closed and nothing of the body is taken.
+    @Test func aBodyThatTricklesInHasItsConnectionClosed() async throws {
+        let setup = try Setup(receiver: "idle-timeout: 1s")
+        defer { setup.cleanUp() }
+        let worker = try WorkerProcess(config: setup.config)
+        let port = try await worker.announcedPort("receiver")
+        // 1,000 bytes announced, one sent every 0.2 s at most: 200 s to arrive whole.
+        let head = "POST /events HTTP/1.1|Host: x|Authorization: Bearer \(Self.bearer)|Content-Type: application/secevent+jwt|Content-Length: 1000||"
+        // Closed before an answer could be written, or just after one.
+        #expect(["- closed", "408 closed"].contains(try await Self.rawClient(port, Self.trickle, head)))
+        #expect(try SQLiteLedgerReader(path: setup.ledgerPath).deliveries().isEmpty)
+        // A request sent whole is still answered.
+        #expect(try await Self.send(port, try WorkerTests.token(subject: "u-trickle"), bearer: Self.bearer).status == 202)
         #expect(await worker.terminate() == 0)
     }
 
