@@ -63,9 +63,35 @@ static EVP_PKEY *from_params(const char *type, OSSL_PARAM *params) {
     return pkey;
 }
 
-/* The key in 52-bit limbs with R^2 mod n (R = 2^2080); NULL if anything fails, and the key
-   then runs on libcrypto alone. */
-static warden_m52 *fast_form(const BIGNUM *n, const BIGNUM *e, BN_CTX *ctx) {
+static int public_op_libcrypto(const warden_key *key, BN_CTX *ctx, BIGNUM *s, BIGNUM *s_mont, BIGNUM *m,
+                               const uint8_t *signature, size_t k, uint8_t *out);
+
+/* Whether the key's IFMA form gives libcrypto's results for two values (n - 2, whose limbs are
+   near-full, and a fixed pattern): a known-answer check on this machine's CPU and build before
+   the form is trusted with any signature. */
+static int fast_form_agrees(const warden_key *key, const warden_m52 *fast, BN_CTX *ctx) {
+    size_t k = key->modulus_len;
+    uint8_t inputs[2][256], fast_out[256], libcrypto_out[256];
+    BIGNUM *a = BN_new(), *b = BN_new(), *c = BN_new(), *t = BN_dup(key->n);
+    int ok = a && b && c && t && BN_sub_word(t, 2) && BN_bn2binpad(t, inputs[0], (int)k) == (int)k;
+    for (size_t i = 0; i < k; i++) inputs[1][i] = (uint8_t)(i * 151 + 7);
+    inputs[1][0] = 0; /* below n, whose top byte is not 0 */
+    for (int v = 0; ok && v < 2; v++) {
+        ok = warden_m52_public(fast, inputs[v], k, fast_out) &&
+             public_op_libcrypto(key, ctx, a, b, c, inputs[v], k, libcrypto_out) &&
+             memcmp(fast_out, libcrypto_out, k) == 0;
+    }
+    BN_free(a);
+    BN_free(b);
+    BN_free(c);
+    BN_free(t);
+    return ok;
+}
+
+/* The key in 52-bit limbs with R^2 mod n (R = 2^2080), checked against libcrypto; NULL if
+   anything fails, and the key then runs on libcrypto alone. */
+static warden_m52 *fast_form(const warden_key *key, BN_CTX *ctx) {
+    const BIGNUM *n = key->n;
     warden_m52 *fast = OPENSSL_zalloc(sizeof(*fast));
     BIGNUM *r2 = BN_new();
     uint8_t n_bytes[256], r2_bytes[256];
@@ -73,7 +99,8 @@ static warden_m52 *fast_form(const BIGNUM *n, const BIGNUM *e, BN_CTX *ctx) {
     int ok = fast != NULL && r2 != NULL && n_len <= 256 &&
              BN_set_bit(r2, 2 * 52 * WARDEN_M52_LIMBS) && BN_mod(r2, r2, n, ctx) &&
              BN_bn2binpad(n, n_bytes, n_len) == n_len && BN_bn2binpad(r2, r2_bytes, n_len) == n_len &&
-             warden_m52_init(fast, n_bytes, (size_t)n_len, r2_bytes, (size_t)n_len, (uint64_t)BN_get_word(e));
+             warden_m52_init(fast, n_bytes, (size_t)n_len, r2_bytes, (size_t)n_len, (uint64_t)BN_get_word(key->e)) &&
+             fast_form_agrees(key, fast, ctx);
     BN_free(r2);
     if (!ok) { OPENSSL_free(fast); return NULL; }
     return fast;
@@ -100,9 +127,6 @@ warden_key *warden_rsa_key_new(const uint8_t *n, size_t n_len, const uint8_t *e,
         pkey = from_params("RSA", params);
         key = wrap(pkey, 1, 0);
     }
-    if (key != NULL && warden_m52_cpu_supported() && BN_num_bits(bn_n) <= 2048) {
-        key->fast = fast_form(bn_n, bn_e, ctx);
-    }
     if (key != NULL) {
         key->n = bn_n;
         key->e = bn_e;
@@ -110,6 +134,7 @@ warden_key *warden_rsa_key_new(const uint8_t *n, size_t n_len, const uint8_t *e,
         key->modulus_len = (size_t)BN_num_bytes(bn_n);
         bn_n = bn_e = NULL;
         mont = NULL;
+        if (warden_m52_cpu_supported() && BN_num_bits(key->n) <= 2048) key->fast = fast_form(key, ctx);
     }
     OSSL_PARAM_free(params);
     OSSL_PARAM_BLD_free(bld);
