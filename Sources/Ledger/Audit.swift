@@ -94,6 +94,16 @@ enum Retention {
         return records.count < limit && run == records.count ? max(0, run - 1) : run
     }
 
+    /// Key records among `dropped`, written again (as of `now`, each with its key's first-seen
+    /// time) after the checkpoint: the kept chain must go on attesting every archived key.
+    static func carriedKeys(_ dropped: ArraySlice<StoredAuditRecord>, at now: Double) -> [AuditRecord] {
+        dropped.compactMap { stored -> AuditRecord? in
+            guard stored.record.contains(#""kind":"key""#), let parsed = AuditChain.Checker.parse(Array(stored.record.utf8)),
+                  let key = parsed.key else { return nil }
+            return AuditRecord(key: key.reference, firstSeen: key.firstSeen, recordedAt: now)
+        }
+    }
+
     /// What a batch that dropped something writes: the cutoff the ledger keeps beside the chain
     /// (`pruned_before`: replay takes a token unknown to the ledger and received before it for
     /// dropped, never for missed; never moved back), and a checkpoint record carrying that
@@ -131,6 +141,24 @@ public struct ArchivedKey: Sendable, Equatable {
         self.firstSeen = firstSeen
         self.lastSeen = lastSeen
     }
+
+    /// What a `key` audit record names of a key: the thumbprint binds its material (replay
+    /// checks an archived JWK against it).
+    public struct Reference: Sendable, Hashable, CustomStringConvertible {
+        public var issuer: String
+        public var keyID: String
+        public var thumbprint: String
+
+        public init(issuer: String, keyID: String, thumbprint: String) {
+            self.issuer = issuer
+            self.keyID = keyID
+            self.thumbprint = thumbprint
+        }
+
+        public var description: String { "key \(String(reflecting: keyID)) of \(String(reflecting: issuer)) (thumbprint \(thumbprint))" }
+    }
+
+    public var reference: Reference { Reference(issuer: issuer, keyID: keyID, thumbprint: thumbprint) }
 }
 
 /// An event's identity in the ledger: its issuer and `jti`.
@@ -238,6 +266,10 @@ public struct AuditRecord: Sendable {
         /// Retention dropped the records up to `pruned_through_seq`: the kept chain starts
         /// after the hash it names.
         case checkpoint
+        /// An issuer's signing key entered the key archive (`received_at`: when first seen);
+        /// written again after a checkpoint when retention drops the first. Replay trusts an
+        /// archived key only while a record of the kept chain attests it.
+        case key
     }
 
     public struct Step: Sendable, Equatable {
@@ -331,6 +363,12 @@ public struct AuditRecord: Sendable {
                   recordedAt: recordedAt)
     }
 
+    /// The record that attests an archived key.
+    init(key: ArchivedKey.Reference, firstSeen: Double, recordedAt: Double) {
+        self.init(kind: .key, eventID: nil, source: "jwks", receivedAt: firstSeen, tokenSHA256: nil, issuer: key.issuer,
+                  keyID: key.keyID, keyThumbprint: key.thumbprint, outcome: "archived", recordedAt: recordedAt)
+    }
+
     init(rejection: Rejection, recordedAt: Double) {
         self.init(kind: .rejection, eventID: nil, source: rejection.source, receivedAt: rejection.receivedAt,
                   tokenSHA256: AuditChain.sha256Hex(rejection.token), error: (rejection.code, rejection.description),
@@ -386,7 +424,7 @@ public struct AuditRecord: Sendable {
         // parsed form, a string comes back byte for byte, where an object's members might not.
         w.string("subject", subject)
         w.string("token_sha256", tokenSHA256)
-        if kind != .checkpoint { w.string("verdict", error == nil ? "valid" : "invalid") }
+        if kind != .checkpoint && kind != .key { w.string("verdict", error == nil ? "valid" : "invalid") }
         w.out.append(UInt8(ascii: "}"))
         return w.out
     }
@@ -557,6 +595,8 @@ public enum AuditChain {
         /// Heads seen earlier and kept away from the ledger (seq → hash): the chain must still
         /// hold each. Without one, whoever can write the ledger can rewrite its tail and head.
         private let anchors: [Int64: String]
+        /// The keys the records checked so far attest (`key` records).
+        public private(set) var attestedKeys: Set<ArchivedKey.Reference> = []
 
         public init(start: (seq: Int64, hash: String) = (0, AuditChain.genesis), anchors: [AuditAnchor] = []) {
             self.start = start
@@ -601,6 +641,7 @@ public enum AuditChain {
             if let anchored = anchors[record.seq], anchored != record.hash {
                 return fail("its hash is not the one anchored for it (the chain was rewritten from here or before)")
             }
+            if let key = parsed.key { attestedKeys.insert(key.reference) }
             if let through = parsed.checkpoint {
                 guard through.seq < record.seq else { return fail("a checkpoint that names a record after itself") }
                 lastCheckpoint = (through.seq, through.hash)
@@ -670,15 +711,31 @@ public enum AuditChain {
 
         static func seq(inRecord text: [UInt8]) -> Int64? { parse(text)?.seq }
 
-        /// The record's own seq and, for a checkpoint, the last record it dropped and the
-        /// retention cutoff it carries.
-        static func parse(_ text: [UInt8]) -> (seq: Int64, checkpoint: (seq: Int64, hash: String, cutoff: String?)?)? {
+        struct Parsed {
+            var seq: Int64
+            /// A checkpoint's last dropped record and the retention cutoff it carries.
+            var checkpoint: (seq: Int64, hash: String, cutoff: String?)?
+            /// A key record's key and when it was first seen.
+            var key: (reference: ArchivedKey.Reference, firstSeen: Double)?
+        }
+
+        /// The record's own seq and, for a checkpoint or a key record, what it names.
+        static func parse(_ text: [UInt8]) -> Parsed? {
             guard case .object(let object)? = try? JSONParser.parse(text), let n = object["seq"]?.numberValue,
                   let seq = Int64(exactly: n) else { return nil }
-            guard object["kind"]?.stringValue == AuditRecord.Kind.checkpoint.rawValue else { return (seq, nil) }
-            guard let through = object["pruned_through_seq"]?.numberValue.flatMap({ Int64(exactly: $0) }),
-                  let hash = object["pruned_through_hash"]?.stringValue else { return (seq, (seq, "", nil)) }  // refused by the caller
-            return (seq, (through, hash, object["received_at"]?.stringValue))
+            switch object["kind"]?.stringValue {
+            case AuditRecord.Kind.checkpoint.rawValue:
+                guard let through = object["pruned_through_seq"]?.numberValue.flatMap({ Int64(exactly: $0) }),
+                      let hash = object["pruned_through_hash"]?.stringValue else { return Parsed(seq: seq, checkpoint: (seq, "", nil)) }  // refused by the caller
+                return Parsed(seq: seq, checkpoint: (through, hash, object["received_at"]?.stringValue))
+            case AuditRecord.Kind.key.rawValue:
+                guard let issuer = object["issuer"]?.stringValue, let keyID = object["key_id"]?.stringValue,
+                      let thumbprint = object["key_thumbprint"]?.stringValue,
+                      let firstSeen = object["received_at"]?.stringValue.flatMap(RFC3339.parse) else { return Parsed(seq: seq) }
+                return Parsed(seq: seq, key: (ArchivedKey.Reference(issuer: issuer, keyID: keyID, thumbprint: thumbprint), firstSeen))
+            default:
+                return Parsed(seq: seq)
+            }
         }
     }
 }
@@ -698,31 +755,48 @@ extension AuditingLedger {
         try await checkAuditChain(pageSize: pageSize, anchors: anchors, afterReadingTheStart: {})
     }
 
+    /// The archived keys a record of the kept chain attests, with the chain's finding: none
+    /// when the chain itself is broken (its records prove nothing then). A key added to the
+    /// archive by hand has no record, and is left out (the finding names the first).
+    public func attestedArchivedKeys(pageSize: Int = 1000) async throws(LedgerError) -> (keys: [ArchivedKey], finding: AuditChain.Finding) {
+        let checked = try await checkedAuditChain(pageSize: pageSize, anchors: [], afterReadingTheStart: {}, afterEachPage: {})
+        return (checked.attested, checked.finding)
+    }
+
     /// `afterReadingTheStart` runs between reading the start and the records, `afterEachPage`
     /// after each page of records is read: tests prune there.
     func checkAuditChain(pageSize: Int, anchors: [AuditAnchor] = [], afterReadingTheStart: () async throws(LedgerError) -> Void,
                          afterEachPage: () async throws(LedgerError) -> Void = {})
         async throws(LedgerError) -> AuditChain.Finding {
+        try await checkedAuditChain(pageSize: pageSize, anchors: anchors, afterReadingTheStart: afterReadingTheStart,
+                                    afterEachPage: afterEachPage).finding
+    }
+
+    private func checkedAuditChain(pageSize: Int, anchors: [AuditAnchor], afterReadingTheStart: () async throws(LedgerError) -> Void,
+                                   afterEachPage: () async throws(LedgerError) -> Void)
+        async throws(LedgerError) -> (finding: AuditChain.Finding, attested: [ArchivedKey]) {
         var attempts = 0
         while true {
             let start = try await auditStart()
             try await afterReadingTheStart()
-            let finding = try await checkAuditChain(from: start, anchors: anchors, pageSize: pageSize, afterEachPage: afterEachPage)
+            let checked = try await checkAuditChain(from: start, anchors: anchors, pageSize: pageSize, afterEachPage: afterEachPage)
             attempts += 1
-            guard case .broken = finding, attempts < 5, try await auditStart() != start else { return finding }
+            guard case .broken = checked.finding, attempts < 5, try await auditStart() != start else { return checked }
         }
     }
 
     private func checkAuditChain(from start: (seq: Int64, hash: String), anchors: [AuditAnchor], pageSize: Int,
                                  afterEachPage: () async throws(LedgerError) -> Void)
-        async throws(LedgerError) -> AuditChain.Finding {
+        async throws(LedgerError) -> (finding: AuditChain.Finding, attested: [ArchivedKey]) {
         let before = try await auditHead()
         let cutoffBefore = try await retentionCutoff()
+        // Read before the records: a key archived meanwhile has its record after them.
+        let archived = try await archivedKeys()
         // Retention drops records up to the start and moves the start in one transaction: a
         // record at or before it was put there by hand, and would be exported unchecked.
         if let first = try await auditRecords(afterSeq: .min, limit: 1).first, first.seq <= start.seq {
-            return .broken(seq: first.seq, reason: "it lies at or before the chain's start (record \(start.seq)), "
-                           + "where retention left no record (a record inserted by hand)")
+            return (.broken(seq: first.seq, reason: "it lies at or before the chain's start (record \(start.seq)), "
+                            + "where retention left no record (a record inserted by hand)"), [])
         }
         var checker = AuditChain.Checker(start: start, anchors: anchors)
         var after: Int64 = start.seq
@@ -743,17 +817,25 @@ extension AuditingLedger {
             }
             if page.count < pageSize { break }
         }
-        if let broken = checker.broken { return broken }
+        if let broken = checker.broken { return (broken, []) }
         let now = try await auditHead()
         if checker.lastSeq > now.seq {
-            return .broken(seq: now.seq + 1, reason: "records go on past the chain's head (record \(now.seq)): the head was moved back")
+            return (.broken(seq: now.seq + 1, reason: "records go on past the chain's head (record \(now.seq)): the head was moved back"), [])
         }
         if checker.lastSeq == now.seq, checker.lastHash != now.hash {
-            return .broken(seq: now.seq, reason: "the chain's head does not hold this record's hash")
+            return (.broken(seq: now.seq, reason: "the chain's head does not hold this record's hash"), [])
         }
-        if let edited = checker.cutoffFinding(kept: [cutoffBefore, try await retentionCutoff()]) { return edited }
+        if let edited = checker.cutoffFinding(kept: [cutoffBefore, try await retentionCutoff()]) { return (edited, []) }
         // Appended since the head was first read, or cut from the end.
-        return checker.finish(head: checker.lastSeq >= before.seq ? (checker.lastSeq, checker.lastHash) : before,
-                              currentStart: try await auditStart())
+        let finding = checker.finish(head: checker.lastSeq >= before.seq ? (checker.lastSeq, checker.lastHash) : before,
+                                     currentStart: try await auditStart())
+        guard case .intact = finding else { return (finding, []) }
+        let attested = archived.filter { checker.attestedKeys.contains($0.reference) }
+        // Every archived key must be attested: one added by hand would be trusted by replay.
+        if let stray = archived.first(where: { !checker.attestedKeys.contains($0.reference) }) {
+            return (.broken(seq: checker.lastSeq, reason: "the key archive holds \(stray.reference), which no key record of the chain "
+                            + "attests (added to the archive by hand: replay does not use it)"), attested)
+        }
+        return (finding, attested)
     }
 }

@@ -51,13 +51,28 @@ extension PostgresLedger {
 
     public func archive(keys: [ArchivedKey], issuer: String, seenAt time: Double) async throws(LedgerError) {
         _ = try await transaction("archive keys") { connection in
+            var attest: [AuditRecord] = []
             for key in keys {
-                try await connection.query("""
+                var inserted = false
+                for try await _ in try await connection.query("""
                     INSERT INTO signing_keys (issuer, kid, thumbprint, jwk, first_seen, last_seen)
                     VALUES (\(issuer), \(key.keyID), \(key.thumbprint), \(key.jwk), \(time), \(time))
-                    ON CONFLICT (issuer, kid, thumbprint) DO UPDATE SET last_seen = greatest(signing_keys.last_seen, excluded.last_seen)
-                    """, logger: self.logger)
+                    ON CONFLICT (issuer, kid, thumbprint) DO NOTHING RETURNING kid
+                    """, logger: self.logger).decode(String.self) {
+                    inserted = true
+                }
+                if inserted {
+                    // New to the archive: a record of the chain attests it, in the same transaction.
+                    attest.append(AuditRecord(key: .init(issuer: issuer, keyID: key.keyID, thumbprint: key.thumbprint),
+                                              firstSeen: time, recordedAt: Date().timeIntervalSince1970))
+                } else {
+                    try await connection.query("""
+                        UPDATE signing_keys SET last_seen = greatest(last_seen, \(time))
+                        WHERE issuer = \(issuer) AND kid = \(key.keyID) AND thumbprint = \(key.thumbprint)
+                        """, logger: self.logger)
+                }
             }
+            try await self.append(attest, on: connection)
         }
     }
 
@@ -250,7 +265,7 @@ extension PostgresLedger {
             if let cut = Retention.cut(start: kept, droppedRecords: droppable, events: dropped.count, rejections: rejections,
                                        cutoff: cutoff, previousCutoff: previousCutoff, at: now) {
                 try await connection.query("UPDATE audit_start SET pruned_before = \(cut.prunedBefore) WHERE id = 1", logger: self.logger)
-                try await self.append([cut.checkpoint], on: connection)
+                try await self.append([cut.checkpoint] + Retention.carriedKeys(records.prefix(droppable), at: now), on: connection)
             }
             let more = (looked == limit && !reachedCutoff) || rejections == limit || droppable == limit
             return PruneResult(events: dropped.count, rejections: rejections, auditRecords: droppable, lastEventID: last, more: more)

@@ -181,6 +181,20 @@ public final class PostgresLedger: AuditingLedger {
                 let now = Date().timeIntervalSince1970
                 try await connection.query("INSERT INTO warden_migrations (name, applied_at) VALUES (\(name), \(now))", logger: logger)
             }
+            // Keys archived before each new key was attested by a record of the audit chain:
+            // attested now, as the archive holds them (see the SQLite ledger's v10-key-records).
+            let keyRecords = "v8-key-records"
+            if !applied.contains(keyRecords) {
+                var attest: [AuditRecord] = []
+                let now = Date().timeIntervalSince1970
+                for try await (issuer, kid, thumbprint, firstSeen) in try await connection.query(
+                    "SELECT issuer, kid, thumbprint, first_seen FROM signing_keys ORDER BY issuer, kid, thumbprint", logger: logger)
+                    .decode((String, String, String, Double).self) {
+                    attest.append(AuditRecord(key: .init(issuer: issuer, keyID: kid, thumbprint: thumbprint), firstSeen: firstSeen, recordedAt: now))
+                }
+                try await append(attest, on: connection)
+                try await connection.query("INSERT INTO warden_migrations (name, applied_at) VALUES (\(keyRecords), \(now))", logger: logger)
+            }
         }
     }
 

@@ -111,7 +111,7 @@ final class ClaimedEvents: Sendable {
 
 /// A cell as text whatever it holds: a blob's bytes decoded (invalid UTF-8 replaced), a number
 /// written out, NULL empty. GRDB's `row[i] as String` traps on what it cannot convert.
-private func lossyText(_ row: Row, _ index: Int) -> String {
+func lossyText(_ row: Row, _ index: Int) -> String {
     switch (row[index] as DatabaseValue).storage {
     case .string(let text): text
     case .blob(let data): String(decoding: data, as: UTF8.self)
@@ -127,7 +127,7 @@ private func integer(_ row: Row, _ index: Int) -> Int64? {
 }
 
 /// A cell's number, nil when it holds anything else.
-private func number(_ row: Row, _ index: Int) -> Double? {
+func number(_ row: Row, _ index: Int) -> Double? {
     switch (row[index] as DatabaseValue).storage {
     case .double(let x): x
     case .int64(let n): Double(n)
@@ -149,12 +149,23 @@ private func columnBytes(_ row: OpaquePointer, _ column: Int32) -> [UInt8] {
 extension SQLiteLedger {
     public func archive(keys: [ArchivedKey], issuer: String, seenAt time: Double) async throws(LedgerError) {
         try await writer.submit(urgent: true) { db in
+            var audit = SQLiteAuditAppender()
             for key in keys {
                 try db.execute(sql: """
                     INSERT INTO signing_keys (issuer, kid, thumbprint, jwk, first_seen, last_seen) VALUES (?, ?, ?, ?, ?, ?)
-                    ON CONFLICT (issuer, kid, thumbprint) DO UPDATE SET last_seen = max(last_seen, excluded.last_seen)
+                    ON CONFLICT (issuer, kid, thumbprint) DO NOTHING
                     """, arguments: [issuer, key.keyID, key.thumbprint, key.jwk, time, time])
+                if db.changesCount == 1 {
+                    // New to the archive: a record of the chain attests it, in the same transaction.
+                    audit.append(AuditRecord(key: .init(issuer: issuer, keyID: key.keyID, thumbprint: key.thumbprint),
+                                             firstSeen: time, recordedAt: Date().timeIntervalSince1970))
+                } else {
+                    try db.execute(sql: """
+                        UPDATE signing_keys SET last_seen = max(last_seen, ?) WHERE issuer = ? AND kid = ? AND thumbprint = ?
+                        """, arguments: [time, issuer, key.keyID, key.thumbprint])
+                }
             }
+            try audit.commit(in: db)
         }
     }
 
@@ -350,6 +361,7 @@ extension SQLiteLedger {
                 try db.execute(sql: "UPDATE audit_start SET pruned_before = ? WHERE id = 1", arguments: [cut.prunedBefore])
                 var audit = SQLiteAuditAppender()
                 audit.append(cut.checkpoint)
+                for key in Retention.carriedKeys(records.prefix(droppable), at: now) { audit.append(key) }
                 try audit.commit(in: db)
             }
             let more = (rows.count == limit && !reachedCutoff) || rejections == limit || droppable == limit

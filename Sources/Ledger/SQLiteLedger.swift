@@ -263,6 +263,17 @@ public final class SQLiteLedger: AuditingLedger {
         migrator.registerMigration("v9-retention-cutoff") { db in
             try db.execute(sql: "ALTER TABLE audit_start ADD COLUMN pruned_before REAL")
         }
+        // Keys archived before each new key was attested by a record of the audit chain: attested
+        // now, as the archive holds them (what happened to it before cannot be told any more).
+        migrator.registerMigration("v10-key-records") { db in
+            var audit = SQLiteAuditAppender()
+            let now = Date().timeIntervalSince1970
+            for row in try Row.fetchAll(db, sql: "SELECT issuer, kid, thumbprint, first_seen FROM signing_keys ORDER BY issuer, kid, thumbprint") {
+                audit.append(AuditRecord(key: .init(issuer: lossyText(row, 0), keyID: lossyText(row, 1), thumbprint: lossyText(row, 2)),
+                                         firstSeen: number(row, 3) ?? 0, recordedAt: now))
+            }
+            try audit.commit(in: db)
+        }
         return migrator
     }
 

@@ -120,9 +120,16 @@ extension WardenCommand {
 
         private func replay(_ source: inout any ReplaySource, configuration: WardenConfiguration, ledger: any AuditingLedger,
                             client: any HTTPExchanging, logger: Logger, reportFile: FileHandle?) async throws -> Int32 {
+            // Only archived keys a record of the intact audit chain attests: a key added to the
+            // archive by hand (or the archive of a ledger whose chain is broken) is not trusted.
             let archived: [ArchivedKey]
             do {
-                archived = try await ledger.archivedKeys()
+                let (attested, finding) = try await ledger.attestedArchivedKeys()
+                if case .broken(let seq, let reason) = finding {
+                    standardError("warden: the audit log is broken at record \(seq): \(reason); archived keys no intact record "
+                                  + "attests are not used (warden audit verify)\n")
+                }
+                archived = attested
             } catch {
                 standardError("warden: cannot read the key archive: \(error)\n")
                 return 3

@@ -196,6 +196,73 @@ struct AuditTrailTests {
         await ledger.close()
     }
 
+    /// The key archive is bound to the chain: a key new to it gets a key record; one added by
+    /// hand is named by the check and left out of the keys replay trusts; one whose record was
+    /// edited breaks the chain, and then no archived key is trusted; retention writes the
+    /// record again after its checkpoint.
+    @Test(arguments: Backend.allCases) func everyArchivedKeyIsAttestedByTheChain(_ backend: Backend) async throws {
+        let storage = try await LedgerUnderTest(backend)
+        let ledger = try await open(storage)
+        let issuer = "https://i.example/"
+        let key = ArchivedKey(issuer: issuer, keyID: "k1", thumbprint: "t1", jwk: "{}", firstSeen: 0, lastSeen: 0)
+        try await ledger.archive(keys: [key], issuer: issuer, seenAt: 1_800_000_000)
+        try await ledger.archive(keys: [key], issuer: issuer, seenAt: 1_800_000_100)  // seen again: no second record
+        let written = try await records(ledger)
+        #expect(written.map { $0["kind"]?.stringValue } == ["key"])
+        #expect(written.first?["key_id"]?.stringValue == "k1")
+        #expect(written.first?["key_thumbprint"]?.stringValue == "t1")
+        #expect(written.first?["received_at"]?.stringValue == "2027-01-15T08:00:00.000Z")
+        guard case .intact = try await ledger.checkAuditChain() else { Issue.record("an attested archive is not intact"); return }
+        #expect(try await ledger.attestedArchivedKeys().keys.map(\.keyID) == ["k1"])
+
+        // Retention drops the key record: it is written again after the checkpoint.
+        _ = try await ledger.record([.event(E.event(jti: "later"), outcome: .processed, steps: [])])
+        let pruned = try await ledger.prune(before: Date().timeIntervalSince1970 + 3600, limit: 100, afterEventID: 0)
+        #expect(pruned.auditRecords == 1)
+        #expect(try await records(ledger).map { $0["kind"]?.stringValue } == ["event", "checkpoint", "key"])
+        guard case .intact = try await ledger.checkAuditChain() else { Issue.record("the carried key record is not intact"); return }
+        #expect(try await ledger.attestedArchivedKeys().keys.map(\.keyID) == ["k1"])
+
+        // A key added to the archive by hand.
+        try await tamper(storage, "INSERT INTO signing_keys (issuer, kid, thumbprint, jwk, first_seen, last_seen) "
+                         + "VALUES ('\(issuer)', 'forged', 'tf', '{}', 1800000000, 1800000000)")
+        guard case .broken(_, let reason) = try await ledger.checkAuditChain() else { Issue.record("a key added by hand went unnoticed"); return }
+        #expect(reason.contains(#""forged""#) && reason.contains("tf"), "\(reason)")
+        let attested = try await ledger.attestedArchivedKeys()
+        #expect(attested.keys.map(\.keyID) == ["k1"])
+        guard case .broken = attested.finding else { Issue.record("the finding does not name the stray key"); return }
+
+        // A key record edited to attest the forged key instead: the chain is broken, and no
+        // archived key is trusted.
+        try await tamper(storage, "UPDATE audit_records SET record = replace(replace(record, '\"k1\"', '\"forged\"'), '\"t1\"', '\"tf\"') "
+                         + "WHERE record LIKE '%\"kind\":\"key\"%'")
+        let afterEdit = try await ledger.attestedArchivedKeys()
+        #expect(afterEdit.keys.isEmpty)
+        guard case .broken(_, let edited) = afterEdit.finding else { Issue.record("an edited key record went unnoticed"); return }
+        #expect(edited.contains("changed"), "\(edited)")
+        await ledger.close()
+    }
+
+    /// A ledger from before key records: its archived keys are attested when it is first
+    /// opened by this version (the migration run again on a key archived the old way).
+    @Test(arguments: Backend.allCases) func keysArchivedBeforeKeyRecordsAreAttestedOnUpgrade(_ backend: Backend) async throws {
+        let storage = try await LedgerUnderTest(backend)
+        let first = try await open(storage)
+        _ = try await first.record([.event(E.event(jti: "old"), outcome: .processed, steps: [])])
+        await first.close()
+        try await tamper(storage, "INSERT INTO signing_keys (issuer, kid, thumbprint, jwk, first_seen, last_seen) "
+                         + "VALUES ('https://i.example/', 'old-key', 'to', '{}', 1800000000, 1800000000)")
+        switch backend {
+        case .sqlite: try await tamper(storage, "DELETE FROM grdb_migrations WHERE identifier = 'v10-key-records'")
+        case .postgres: try await tamper(storage, "DELETE FROM warden_migrations WHERE name = 'v8-key-records'")
+        }
+        let upgraded = try await open(storage)
+        #expect(try await records(upgraded).map { $0["kind"]?.stringValue } == ["event", "key"])
+        guard case .intact = try await upgraded.checkAuditChain() else { Issue.record("an upgraded archive is not attested"); return }
+        #expect(try await upgraded.attestedArchivedKeys().keys.map(\.keyID) == ["old-key"])
+        await upgraded.close()
+    }
+
     @Test(arguments: Backend.allCases) func replayLookupsAndReopeningFailedSteps(_ backend: Backend) async throws {
         let storage = try await LedgerUnderTest(backend)
         let ledger = try await populated(storage)

@@ -265,7 +265,7 @@ struct LedgerContractTests {
         _ = try await ledger.claim(E.event(jti: "seen-by-psql"), outcome: .pending, steps: [OutboxStep(index: 0, kind: "notify", action: "{}")])
         #expect(try await storage.server!.psql(storage.database, "SELECT jti, outcome FROM events") == "seen-by-psql|pending")
         #expect(try await storage.server!.psql(storage.database, "SELECT kind, status FROM steps") == "notify|pending")
-        #expect(try await storage.server!.psql(storage.database, "SELECT name FROM warden_migrations ORDER BY name") == "v1-events\nv2-outbox\nv3-lease\nv4-verifications\nv5-audit\nv6-retention\nv7-retention-cutoff")
+        #expect(try await storage.server!.psql(storage.database, "SELECT name FROM warden_migrations ORDER BY name") == "v1-events\nv2-outbox\nv3-lease\nv4-verifications\nv5-audit\nv6-retention\nv7-retention-cutoff\nv8-key-records")
         await ledger.close()
         // A second ledger on the same database finds the schema in place.
         let again = try await storage.open()

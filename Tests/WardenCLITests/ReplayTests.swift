@@ -447,6 +447,40 @@ struct AuditExportTests {
         #expect(late.reportedCode == "invalid_key", "\(late)")
     }
 
+    /// A key put into the ledger's archive by hand (its JWK and thumbprint made right, under a
+    /// kid the issuer never published) is not trusted by replay: the token signed with it is
+    /// invalid, replay says the archive is not attested, and `audit verify` names the key.
+    @Test func aKeyAddedToTheArchiveByHandIsNotTrusted() async throws {
+        let keys = try await KeyServer.start()
+        keys.serve("/jwks", json: SETMinter.jwks([ReplayTests.before]))
+        let setup = try PushReceiverTests.Setup(keySource: "jwks-uri: \(keys.url("/jwks"))", bearerTokens: false)
+        defer { setup.cleanUp() }
+        let worker = try WorkerProcess(config: setup.config)
+        let port = try await worker.announcedPort("receiver")
+        #expect(try await PushReceiverTests.send(port, try ReplayTests.token("genuine-1"), bearer: nil).status == 202)
+        #expect(await worker.terminate() == 0)
+
+        let planted = try SigningKey.rsa(keyID: "planted", algorithm: "RS256")
+        let jwk = try #require(try JSONParser.parse(SETMinter.jwks([planted])).objectValue?["keys"]?.arrayValue?.first?.objectValue)
+        let thumbprint = try KeySet.makeKey(jwk, keyID: planted.keyID).get().thumbprint
+        let now = Date().timeIntervalSince1970
+        let jwkText = JSONValue.object(jwk).jsonText.replacingOccurrences(of: "'", with: "''")
+        _ = try await runProgram("/usr/bin/sqlite3", [setup.ledgerPath, """
+            INSERT INTO signing_keys (issuer, kid, thumbprint, jwk, first_seen, last_seen)
+            VALUES ('\(WorkerTests.issuer)', 'planted', '\(thumbprint)', '\(jwkText)', \(now - 86_400), \(now))
+            """])
+        let log = setup.directory.appendingPathComponent("forged.log")
+        try (try ReplayTests.token("forged-under-planted", key: planted) + "\n").write(to: log, atomically: true, encoding: .utf8)
+        let dry = try await ReplayTests.replay(setup.config, log)
+        #expect(dry.lines.first?["verdict"]?.stringValue == "invalid", "a token signed with a planted key passed: \(dry.lines)")
+        #expect(dry.statuses == ["invalid"])
+        #expect(dry.stdout.contains("archived keys no intact record attests are not used"), "\(dry.stdout)")
+
+        let verified = try await Warden.run(["audit", "verify", "--config", setup.config.path])
+        #expect(verified.status == 1, "\(verified.stdout)\(verified.stderr)")
+        #expect(verified.stdout.contains(#""planted""#) && verified.stdout.contains(thumbprint), "\(verified.stdout)")
+    }
+
     /// A line holding a token longer than the maximum token size is refused for its size
     /// alone, and not kept while its batch is compared (a log of such lines stays small in
     /// memory); the entries beside it are replayed.
