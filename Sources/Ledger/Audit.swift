@@ -88,18 +88,39 @@ enum Retention {
     /// the leading run of those recorded before `cutoff` — a record after the cutoff keeps
     /// everything after it — never the chain's last record (the checkpoint a batch has just
     /// written is not dropped by the next).
-    static func droppable(_ records: [StoredAuditRecord], before cutoff: Double, limit: Int) -> Int {
+    /// Only records that prove themselves go (`provable`): `startHash` is the hash the first
+    /// of `records` must link to.
+    static func droppable(_ records: [StoredAuditRecord], before cutoff: Double, limit: Int, startHash: String) -> Int {
         let bound = text(cutoff)
         let run = records.prefix { (recordedAt($0.record).map { $0 < bound[...] }) ?? false }.count
-        return records.count < limit && run == records.count ? max(0, run - 1) : run
+        let count = records.count < limit && run == records.count ? max(0, run - 1) : run
+        return min(count, provable(records.prefix(count), from: startHash))
+    }
+
+    /// How many of `records`, from the first, link from `startHash` and hash to their stored
+    /// hash. Retention drops no record past them: one edited is evidence, kept for `audit
+    /// verify` to name, and a key record carried from it would launder the edit.
+    static func provable(_ records: ArraySlice<StoredAuditRecord>, from startHash: String) -> Int {
+        var previous = startHash, count = 0
+        for record in records {
+            guard record.previousHash == previous,
+                  AuditChain.hash(previous: previous, record: Array(record.record.utf8)) == record.hash else { break }
+            previous = record.hash
+            count += 1
+        }
+        return count
     }
 
     /// Key records among `dropped`, written again (as of `now`, each with its key's first-seen
-    /// time) after the checkpoint: the kept chain must go on attesting every archived key.
-    static func carriedKeys(_ dropped: ArraySlice<StoredAuditRecord>, at now: Double) -> [AuditRecord] {
-        dropped.compactMap { stored -> AuditRecord? in
+    /// time) after the checkpoint: the kept chain must go on attesting every archived key. Only
+    /// keys still `archived`, each once: a key deleted from the archive (one known to have
+    /// leaked) stops being attested, and records do not pile up.
+    static func carriedKeys(_ dropped: ArraySlice<StoredAuditRecord>, archived: Set<ArchivedKey.Reference>,
+                            at now: Double) -> [AuditRecord] {
+        var carried = Set<ArchivedKey.Reference>()
+        return dropped.compactMap { stored -> AuditRecord? in
             guard stored.record.contains(#""kind":"key""#), let parsed = AuditChain.Checker.parse(Array(stored.record.utf8)),
-                  let key = parsed.key else { return nil }
+                  let key = parsed.key, archived.contains(key.reference), carried.insert(key.reference).inserted else { return nil }
             return AuditRecord(key: key.reference, firstSeen: key.firstSeen, recordedAt: now)
         }
     }
@@ -834,7 +855,7 @@ extension AuditingLedger {
         // Every archived key must be attested: one added by hand would be trusted by replay.
         if let stray = archived.first(where: { !checker.attestedKeys.contains($0.reference) }) {
             return (.broken(seq: checker.lastSeq, reason: "the key archive holds \(stray.reference), which no key record of the chain "
-                            + "attests (added to the archive by hand: replay does not use it)"), attested)
+                            + "attests: replay does not use it (added by hand, or archived by a Warden older than key records: delete its row, and a worker archives it again, attested, while its issuer publishes it)"), attested)
         }
         return (finding, attested)
     }

@@ -253,7 +253,7 @@ extension PostgresLedger {
                 """, logger: self.logger).decode((Int64, String, String, String).self) {
                 records.append(StoredAuditRecord(seq: seq, record: record, previousHash: previous, hash: hash))
             }
-            let droppable = Retention.droppable(records, before: cutoff, limit: limit)
+            let droppable = Retention.droppable(records, before: cutoff, limit: limit, startHash: startHash)
             var kept = (seq: start, hash: startHash)
             if droppable > 0 {
                 let through = records[droppable - 1]
@@ -265,7 +265,13 @@ extension PostgresLedger {
             if let cut = Retention.cut(start: kept, droppedRecords: droppable, events: dropped.count, rejections: rejections,
                                        cutoff: cutoff, previousCutoff: previousCutoff, at: now) {
                 try await connection.query("UPDATE audit_start SET pruned_before = \(cut.prunedBefore) WHERE id = 1", logger: self.logger)
-                try await self.append([cut.checkpoint] + Retention.carriedKeys(records.prefix(droppable), at: now), on: connection)
+                var archived = Set<ArchivedKey.Reference>()
+                for try await (issuer, kid, thumbprint) in try await connection.query(
+                    "SELECT issuer, kid, thumbprint FROM signing_keys", logger: self.logger).decode((String, String, String).self) {
+                    archived.insert(ArchivedKey.Reference(issuer: issuer, keyID: kid, thumbprint: thumbprint))
+                }
+                try await self.append([cut.checkpoint] + Retention.carriedKeys(records.prefix(droppable), archived: archived, at: now),
+                                      on: connection)
             }
             let more = (looked == limit && !reachedCutoff) || rejections == limit || droppable == limit
             return PruneResult(events: dropped.count, rejections: rejections, auditRecords: droppable, lastEventID: last, more: more)

@@ -185,11 +185,18 @@ public final class PostgresLedger: AuditingLedger {
             // attested now, as the archive holds them (see the SQLite ledger's v10-key-records).
             let keyRecords = "v8-key-records"
             if !applied.contains(keyRecords) {
+                // A chain that already holds key records was written by a version that attests
+                // each key: the mark removed by hand must not get keys added since attested.
+                var attested = false
+                for try await _ in try await connection.query(
+                    #"SELECT 1 FROM audit_records WHERE record LIKE '%"kind":"key"%' LIMIT 1"#, logger: logger).decode(Int.self) {
+                    attested = true
+                }
                 var attest: [AuditRecord] = []
                 let now = Date().timeIntervalSince1970
                 for try await (issuer, kid, thumbprint, firstSeen) in try await connection.query(
                     "SELECT issuer, kid, thumbprint, first_seen FROM signing_keys ORDER BY issuer, kid, thumbprint", logger: logger)
-                    .decode((String, String, String, Double).self) {
+                    .decode((String, String, String, Double).self) where !attested {
                     attest.append(AuditRecord(key: .init(issuer: issuer, keyID: kid, thumbprint: thumbprint), firstSeen: firstSeen, recordedAt: now))
                 }
                 try await append(attest, on: connection)

@@ -349,7 +349,7 @@ extension SQLiteLedger {
                 // anything (a blob, bytes that are not UTF-8): read as they are, they then fail
                 // their hash, which names the record.
                 .map { StoredAuditRecord(seq: $0[0], record: lossyText($0, 1), previousHash: lossyText($0, 2), hash: lossyText($0, 3)) }
-            let droppable = Retention.droppable(records, before: cutoff, limit: limit)
+            let droppable = Retention.droppable(records, before: cutoff, limit: limit, startHash: kept.hash)
             if droppable > 0 {
                 let through = records[droppable - 1]
                 try db.execute(sql: "DELETE FROM audit_records WHERE seq <= ?", arguments: [through.seq])
@@ -361,7 +361,10 @@ extension SQLiteLedger {
                 try db.execute(sql: "UPDATE audit_start SET pruned_before = ? WHERE id = 1", arguments: [cut.prunedBefore])
                 var audit = SQLiteAuditAppender()
                 audit.append(cut.checkpoint)
-                for key in Retention.carriedKeys(records.prefix(droppable), at: now) { audit.append(key) }
+                let archived = Set(try Row.fetchAll(db, sql: "SELECT issuer, kid, thumbprint FROM signing_keys").map {
+                    ArchivedKey.Reference(issuer: lossyText($0, 0), keyID: lossyText($0, 1), thumbprint: lossyText($0, 2))
+                })
+                for key in Retention.carriedKeys(records.prefix(droppable), archived: archived, at: now) { audit.append(key) }
                 try audit.commit(in: db)
             }
             let more = (rows.count == limit && !reachedCutoff) || rejections == limit || droppable == limit

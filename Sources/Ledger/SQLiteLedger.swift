@@ -264,8 +264,13 @@ public final class SQLiteLedger: AuditingLedger {
             try db.execute(sql: "ALTER TABLE audit_start ADD COLUMN pruned_before REAL")
         }
         // Keys archived before each new key was attested by a record of the audit chain: attested
-        // now, as the archive holds them (what happened to it before cannot be told any more).
+        // now, as the archive holds them (what happened to it before cannot be told any more),
+        // once.
         migrator.registerMigration("v10-key-records") { db in
+            // A chain that already holds key records was written by a version that attests each
+            // key: the migration's mark removed by hand must not get keys added since attested.
+            guard try Bool.fetchOne(db, sql: #"SELECT EXISTS (SELECT 1 FROM audit_records WHERE record LIKE '%"kind":"key"%')"#) != true
+            else { return }
             var audit = SQLiteAuditAppender()
             let now = Date().timeIntervalSince1970
             for row in try Row.fetchAll(db, sql: "SELECT issuer, kid, thumbprint, first_seen FROM signing_keys ORDER BY issuer, kid, thumbprint") {

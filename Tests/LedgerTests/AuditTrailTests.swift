@@ -243,6 +243,14 @@ struct AuditTrailTests {
         await ledger.close()
     }
 
+    /// Removes the mark of the migration that attests archived keys, as if it had never run.
+    func forgetKeyRecordsMigration(_ storage: LedgerUnderTest) async throws {
+        switch storage.backend {
+        case .sqlite: try await tamper(storage, "DELETE FROM grdb_migrations WHERE identifier = 'v10-key-records'")
+        case .postgres: try await tamper(storage, "DELETE FROM warden_migrations WHERE name = 'v8-key-records'")
+        }
+    }
+
     /// A ledger from before key records: its archived keys are attested when it is first
     /// opened by this version (the migration run again on a key archived the old way).
     @Test(arguments: Backend.allCases) func keysArchivedBeforeKeyRecordsAreAttestedOnUpgrade(_ backend: Backend) async throws {
@@ -252,15 +260,48 @@ struct AuditTrailTests {
         await first.close()
         try await tamper(storage, "INSERT INTO signing_keys (issuer, kid, thumbprint, jwk, first_seen, last_seen) "
                          + "VALUES ('https://i.example/', 'old-key', 'to', '{}', 1800000000, 1800000000)")
-        switch backend {
-        case .sqlite: try await tamper(storage, "DELETE FROM grdb_migrations WHERE identifier = 'v10-key-records'")
-        case .postgres: try await tamper(storage, "DELETE FROM warden_migrations WHERE name = 'v8-key-records'")
-        }
+        try await forgetKeyRecordsMigration(storage)
         let upgraded = try await open(storage)
         #expect(try await records(upgraded).map { $0["kind"]?.stringValue } == ["event", "key"])
         guard case .intact = try await upgraded.checkAuditChain() else { Issue.record("an upgraded archive is not attested"); return }
         #expect(try await upgraded.attestedArchivedKeys().keys.map(\.keyID) == ["old-key"])
         await upgraded.close()
+
+        // Once the chain holds key records, the migration's mark removed again attests nothing
+        // added since.
+        try await tamper(storage, "INSERT INTO signing_keys (issuer, kid, thumbprint, jwk, first_seen, last_seen) "
+                         + "VALUES ('https://i.example/', 'planted', 'tp', '{}', 1800000000, 1800000000)")
+        try await forgetKeyRecordsMigration(storage)
+        let again = try await open(storage)
+        #expect(try await again.attestedArchivedKeys().keys.map(\.keyID) == ["old-key"])
+        await again.close()
+    }
+
+    /// Retention drops only records that prove themselves: a key record edited to attest
+    /// another key is kept (evidence for `audit verify`), not dropped and carried forward as a
+    /// genuine one. And a key deleted from the archive stops being carried.
+    @Test(arguments: Backend.allCases) func retentionCarriesOnlyProvenRecordsOfArchivedKeys(_ backend: Backend) async throws {
+        let storage = try await LedgerUnderTest(backend)
+        let ledger = try await open(storage)
+        let issuer = "https://i.example/"
+        for kid in ["k1", "k2"] {
+            try await ledger.archive(keys: [ArchivedKey(issuer: issuer, keyID: kid, thumbprint: "t-" + kid, jwk: "{}", firstSeen: 0, lastSeen: 0)],
+                                     issuer: issuer, seenAt: 1_800_000_000)
+        }
+        _ = try await ledger.record([.event(E.event(jti: "later"), outcome: .processed, steps: [])])
+        try await tamper(storage, "INSERT INTO signing_keys (issuer, kid, thumbprint, jwk, first_seen, last_seen) "
+                         + "VALUES ('\(issuer)', 'forged', 'tf', '{}', 1800000000, 1800000000)")
+        try await tamper(storage, "UPDATE audit_records SET record = replace(replace(record, '\"k2\"', '\"forged\"'), '\"t-k2\"', '\"tf\"') "
+                         + "WHERE record LIKE '%\"k2\"%'")
+        try await tamper(storage, "DELETE FROM signing_keys WHERE kid = 'k1'")
+        let pruned = try await ledger.prune(before: Date().timeIntervalSince1970 + 3600, limit: 100, afterEventID: 0)
+        #expect(pruned.auditRecords == 1, "only the record before the edited one goes")
+        let kinds = try await records(ledger).map { "\($0["kind"]?.stringValue ?? "?"):\($0["key_id"]?.stringValue ?? "")" }
+        #expect(kinds == ["key:forged", "event:k1", "checkpoint:"], "k1's record is not carried; the edited one stays")
+        guard case .broken(let seq, let reason) = try await ledger.checkAuditChain() else { Issue.record("the edit went unnoticed"); return }
+        #expect(seq == 2 && reason.contains("changed"), "\(seq): \(reason)")
+        #expect(try await ledger.attestedArchivedKeys().keys.isEmpty)
+        await ledger.close()
     }
 
     @Test(arguments: Backend.allCases) func replayLookupsAndReopeningFailedSteps(_ backend: Backend) async throws {
