@@ -63,28 +63,51 @@ static EVP_PKEY *from_params(const char *type, OSSL_PARAM *params) {
     return pkey;
 }
 
+/* RSAVP1 (RFC 8017 §5.2.2): m = s^e mod n into `out` (k bytes), 0 when s >= n. On libcrypto's
+   Montgomery multiplication, with the key's precomputed Montgomery context and the caller's
+   scratch numbers: left-to-right square-and-multiply over the bits of e. */
 static int public_op_libcrypto(const warden_key *key, BN_CTX *ctx, BIGNUM *s, BIGNUM *s_mont, BIGNUM *m,
-                               const uint8_t *signature, size_t k, uint8_t *out);
+                               const uint8_t *signature, size_t k, uint8_t *out) {
+    if (BN_bin2bn(signature, (int)k, s) == NULL) return 0;
+    if (BN_ucmp(s, key->n) >= 0) return 0;
+    if (!BN_to_montgomery(s_mont, s, key->mont, ctx)) return 0;
+    if (BN_copy(m, s_mont) == NULL) return 0;
+    for (int bit = BN_num_bits(key->e) - 2; bit >= 0; bit--) {
+        if (!BN_mod_mul_montgomery(m, m, m, key->mont, ctx)) return 0;
+        if (BN_is_bit_set(key->e, bit) && !BN_mod_mul_montgomery(m, m, s_mont, key->mont, ctx)) return 0;
+    }
+    if (!BN_from_montgomery(m, m, key->mont, ctx)) return 0;
+    return BN_bn2binpad(m, out, (int)k) == (int)k;
+}
+
+/* The same with scratch numbers of its own, off the verification path (a key's known-answer
+   check, tests). */
+static int public_op_libcrypto_alone(const warden_key *key, const uint8_t *signature, size_t k, uint8_t *out) {
+    BN_CTX *ctx = BN_CTX_new();
+    BIGNUM *a = BN_new(), *b = BN_new(), *c = BN_new();
+    int ok = ctx && a && b && c && public_op_libcrypto(key, ctx, a, b, c, signature, k, out);
+    BN_free(a);
+    BN_free(b);
+    BN_free(c);
+    BN_CTX_free(ctx);
+    return ok;
+}
 
 /* Whether the key's IFMA form gives libcrypto's results for two values (n - 2, whose limbs are
    near-full, and a fixed pattern): a known-answer check on this machine's CPU and build before
    the form is trusted with any signature. */
-static int fast_form_agrees(const warden_key *key, const warden_m52 *fast, BN_CTX *ctx) {
+static int fast_form_agrees(const warden_key *key, const warden_m52 *fast) {
     size_t k = key->modulus_len;
     uint8_t inputs[2][256], fast_out[256], libcrypto_out[256];
-    BIGNUM *a = BN_new(), *b = BN_new(), *c = BN_new(), *t = BN_dup(key->n);
-    int ok = a && b && c && t && BN_sub_word(t, 2) && BN_bn2binpad(t, inputs[0], (int)k) == (int)k;
+    BIGNUM *t = BN_dup(key->n);
+    int ok = t && BN_sub_word(t, 2) && BN_bn2binpad(t, inputs[0], (int)k) == (int)k;
+    BN_free(t);
     for (size_t i = 0; i < k; i++) inputs[1][i] = (uint8_t)(i * 151 + 7);
     inputs[1][0] = 0; /* below n, whose top byte is not 0 */
     for (int v = 0; ok && v < 2; v++) {
-        ok = warden_m52_public(fast, inputs[v], k, fast_out) &&
-             public_op_libcrypto(key, ctx, a, b, c, inputs[v], k, libcrypto_out) &&
+        ok = warden_m52_public(fast, inputs[v], k, fast_out) && public_op_libcrypto_alone(key, inputs[v], k, libcrypto_out) &&
              memcmp(fast_out, libcrypto_out, k) == 0;
     }
-    BN_free(a);
-    BN_free(b);
-    BN_free(c);
-    BN_free(t);
     return ok;
 }
 
@@ -100,7 +123,7 @@ static warden_m52 *fast_form(const warden_key *key, BN_CTX *ctx) {
              BN_set_bit(r2, 2 * 52 * WARDEN_M52_LIMBS) && BN_mod(r2, r2, n, ctx) &&
              BN_bn2binpad(n, n_bytes, n_len) == n_len && BN_bn2binpad(r2, r2_bytes, n_len) == n_len &&
              warden_m52_init(fast, n_bytes, (size_t)n_len, r2_bytes, (size_t)n_len, (uint64_t)BN_get_word(key->e)) &&
-             fast_form_agrees(key, fast, ctx);
+             fast_form_agrees(key, fast);
     BN_free(r2);
     if (!ok) { OPENSSL_free(fast); return NULL; }
     return fast;
@@ -336,36 +359,12 @@ done:
     return result > 0 ? result : 0;
 }
 
-/* RSAVP1 (RFC 8017 §5.2.2): m = s^e mod n into `out` (k bytes), 0 when s >= n. On libcrypto's
-   Montgomery multiplication, with the key's precomputed Montgomery context and the caller's
-   scratch numbers: left-to-right square-and-multiply over the bits of e. */
-static int public_op_libcrypto(const warden_key *key, BN_CTX *ctx, BIGNUM *s, BIGNUM *s_mont, BIGNUM *m,
-                               const uint8_t *signature, size_t k, uint8_t *out) {
-    if (BN_bin2bn(signature, (int)k, s) == NULL) return 0;
-    if (BN_ucmp(s, key->n) >= 0) return 0;
-    if (!BN_to_montgomery(s_mont, s, key->mont, ctx)) return 0;
-    if (BN_copy(m, s_mont) == NULL) return 0;
-    for (int bit = BN_num_bits(key->e) - 2; bit >= 0; bit--) {
-        if (!BN_mod_mul_montgomery(m, m, m, key->mont, ctx)) return 0;
-        if (BN_is_bit_set(key->e, bit) && !BN_mod_mul_montgomery(m, m, s_mont, key->mont, ctx)) return 0;
-    }
-    if (!BN_from_montgomery(m, m, key->mont, ctx)) return 0;
-    return BN_bn2binpad(m, out, (int)k) == (int)k;
-}
-
 int warden_rsa_key_is_fast(const warden_key *key) { return key != NULL && key->fast != NULL; }
 
 int warden_rsa_public(const warden_key *key, int fast, const uint8_t *s, size_t s_len, uint8_t *m, size_t m_len) {
     if (key == NULL || key->kind != 1 || s_len != key->modulus_len || m_len != s_len) return 0;
     if (fast) return key->fast != NULL && warden_m52_public(key->fast, s, s_len, m);
-    BN_CTX *ctx = BN_CTX_new();
-    BIGNUM *a = BN_new(), *b = BN_new(), *c = BN_new();
-    int ok = ctx && a && b && c && public_op_libcrypto(key, ctx, a, b, c, s, s_len, m);
-    BN_free(a);
-    BN_free(b);
-    BN_free(c);
-    BN_CTX_free(ctx);
-    return ok;
+    return public_op_libcrypto_alone(key, s, s_len, m);
 }
 
 /* RSASSA-PKCS1-v1_5 verification as RFC 8017 §8.2.2 specifies it: m = s^e mod n, then the
