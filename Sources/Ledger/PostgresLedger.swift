@@ -192,14 +192,17 @@ public final class PostgresLedger: AuditingLedger {
                     #"SELECT 1 FROM audit_records WHERE record LIKE '%"kind":"key"%' LIMIT 1"#, logger: logger).decode(Int.self) {
                     attested = true
                 }
-                var attest: [AuditRecord] = []
                 let now = Date().timeIntervalSince1970
-                for try await (issuer, kid, thumbprint, firstSeen) in try await connection.query(
-                    "SELECT issuer, kid, thumbprint, first_seen FROM signing_keys ORDER BY issuer, kid, thumbprint", logger: logger)
-                    .decode((String, String, String, Double).self) where !attested {
-                    attest.append(AuditRecord(key: .init(issuer: issuer, keyID: kid, thumbprint: thumbprint), firstSeen: firstSeen, recordedAt: now))
+                if !attested {
+                    var attest: [AuditRecord] = []
+                    for try await (issuer, kid, thumbprint, firstSeen) in try await connection.query(
+                        "SELECT issuer, kid, thumbprint, first_seen FROM signing_keys ORDER BY issuer, kid, thumbprint", logger: logger)
+                        .decode((String, String, String, Double).self) {
+                        attest.append(AuditRecord(key: .init(issuer: issuer, keyID: kid, thumbprint: thumbprint), firstSeen: firstSeen,
+                                                  recordedAt: now))
+                    }
+                    try await append(attest, on: connection)
                 }
-                try await append(attest, on: connection)
                 try await connection.query("INSERT INTO warden_migrations (name, applied_at) VALUES (\(keyRecords), \(now))", logger: logger)
             }
         }
