@@ -123,11 +123,16 @@ extension WardenCommand {
             // Only archived keys a record of the intact audit chain attests: a key added to the
             // archive by hand (or the archive of a ledger whose chain is broken) is not trusted.
             let archived: [ArchivedKey]
+            // A broken chain is itself a discrepancy: the replay goes on (with no archived key the
+            // chain does not attest) and exits 1 however the entries compare.
+            let chainBroken: String?
             do {
                 let (attested, finding) = try await ledger.attestedArchivedKeys()
                 if case .broken(let seq, let reason) = finding {
-                    standardError("warden: the audit log is broken at record \(seq): \(reason); archived keys no intact record "
-                                  + "attests are not used (warden audit verify)\n")
+                    chainBroken = "the audit log is broken at record \(seq): \(reason)"
+                    standardError("warden: \(chainBroken!); archived keys no intact record attests are not used (warden audit verify)\n")
+                } else {
+                    chainBroken = nil
                 }
                 archived = attested
             } catch {
@@ -262,6 +267,11 @@ extension WardenCommand {
                     standardError("warden: cannot write the HTML report to \(html): \(error)\n")
                     return VerifyExit.usage.rawValue
                 }
+            }
+            if let chainBroken {
+                // Said again after the summary, where a reader of the output looks for the verdict.
+                standardError("warden: \(chainBroken); the replay exits 1 (warden audit verify names it)\n")
+                return 1
             }
             // With --apply, 0 only when every discrepancy was repaired: none left undone, and none
             // that cannot be (a token acted on that is refused today, an event gone from the topic).

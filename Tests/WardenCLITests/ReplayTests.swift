@@ -475,6 +475,12 @@ struct AuditExportTests {
         #expect(dry.lines.first?["verdict"]?.stringValue == "invalid", "a token signed with a planted key passed: \(dry.lines)")
         #expect(dry.statuses == ["invalid"])
         #expect(dry.stdout.contains("archived keys no intact record attests are not used"), "\(dry.stdout)")
+        // The entry compares as it should, but the ledger's chain is broken: not a clean replay.
+        #expect(dry.status == 1, "\(dry.stdout)")
+        #expect(dry.stdout.contains("the replay exits 1"), "\(dry.stdout)")
+        let applied = try await ReplayTests.replay(setup.config, log, apply: true)
+        #expect(applied.statuses == ["invalid"])
+        #expect(applied.status == 1, "\(applied.stdout)")
 
         let verified = try await Warden.run(["audit", "verify", "--config", setup.config.path])
         #expect(verified.status == 1, "\(verified.stdout)\(verified.stderr)")
