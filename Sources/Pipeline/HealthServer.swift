@@ -27,10 +27,14 @@ public struct HealthServer: Sendable {
 
     /// How long an idle connection is kept (the receiver's `idle-timeout` when it shares this address).
     public var idleTimeout: Double
+    /// Connections open at once (the receiver's `max-connections` when it shares this address).
+    public var maximumConnections: Int
 
     public init(host: String, port: Int, checks: [Check], metricsText: @escaping @Sendable () -> [UInt8],
-                liveness: @escaping @Sendable () -> String? = { nil }, idleTimeout: Double = PushReceiver.Settings.defaultIdleTimeout) {
+                liveness: @escaping @Sendable () -> String? = { nil }, idleTimeout: Double = PushReceiver.Settings.defaultIdleTimeout,
+                maximumConnections: Int = PushReceiver.Settings.defaultMaximumConnections) {
         self.idleTimeout = idleTimeout
+        self.maximumConnections = maximumConnections
         self.host = host
         self.port = port
         self.checks = checks
@@ -62,7 +66,8 @@ public struct HealthServer: Sendable {
                      body: .init(byteBuffer: ByteBuffer(bytes: metricsText())))
         }
         return Application(router: router, server: .http1(idleTimeout: idleTimeout),
-                           configuration: .init(address: .hostname(host, port: port)),
+                           configuration: .init(address: .hostname(host, port: port),
+                                                availableConnectionsDelegate: .maximum(maximumConnections, logger: logger)),
                            onServerRunning: { channel in onListening(channel.localAddress?.port ?? 0) },
                            logger: logger)
     }

@@ -36,9 +36,15 @@ public struct PushReceiver: Sendable {
         /// byte at a time, holds none for long. Also how long a request's body may take to
         /// arrive whole once its head is read. Default 30.
         public var idleTimeout: Double
+        /// Connections open at once; past it, new ones wait in the listen queue until one
+        /// closes. Each holds a file descriptor: without a bound, clients opening connections
+        /// (idle ones live for `idleTimeout`) could take every descriptor the process may have,
+        /// and the ledger, Kafka and the targets with them. Default 512.
+        public var maximumConnections: Int
 
         public init(host: String, port: Int, path: String = "/events", bearerTokens: [String] = [], maximumBodyBytes: Int = 65_536,
-                    rateLimit: ClientRateLimiter.Settings? = Self.defaultRateLimit, idleTimeout: Double = Self.defaultIdleTimeout) {
+                    rateLimit: ClientRateLimiter.Settings? = Self.defaultRateLimit, idleTimeout: Double = Self.defaultIdleTimeout,
+                    maximumConnections: Int = Self.defaultMaximumConnections) {
             self.host = host
             self.port = port
             self.path = path
@@ -46,9 +52,13 @@ public struct PushReceiver: Sendable {
             self.maximumBodyBytes = maximumBodyBytes
             self.rateLimit = rateLimit
             self.idleTimeout = idleTimeout
+            self.maximumConnections = maximumConnections
         }
 
         public static let defaultIdleTimeout = 30.0
+
+        /// Half of the 1,024 descriptors a process is commonly allowed.
+        public static let defaultMaximumConnections = 512
 
         /// 1,000 requests a second per client after a burst of 2,000.
         public static let defaultRateLimit = ClientRateLimiter.Settings(perSecond: 1000, burst: 2000)
@@ -97,7 +107,8 @@ public struct PushReceiver: Sendable {
         let router = Router(context: WardenRequestContext.self)
         addRoutes(to: router)
         return Application(router: router, server: .http1(idleTimeout: settings.idleTimeout),
-                           configuration: .init(address: .hostname(settings.host, port: settings.port)),
+                           configuration: .init(address: .hostname(settings.host, port: settings.port),
+                                                availableConnectionsDelegate: .maximum(settings.maximumConnections, logger: logger)),
                            onServerRunning: { channel in onListening(channel.localAddress?.port ?? 0) },
                            logger: logger)
     }

@@ -181,11 +181,12 @@ struct Worker {
         // When the receiver shares the health server's address: it listens when that one does.
         var onSharedListening: @Sendable () -> Void = {}
         var sharedReceiverIdleTimeout: Double? = nil
+        var sharedReceiverConnections: Int? = nil
         if let settings = configuration.receiver, let destination {
             let receiver = PushReceiver(
                 settings: .init(host: settings.host, port: settings.port, path: settings.path, bearerTokens: settings.bearerTokens,
                                 maximumBodyBytes: settings.maximumBodyBytes, rateLimit: settings.rateLimit,
-                                idleTimeout: settings.idleTimeout),
+                                idleTimeout: settings.idleTimeout, maximumConnections: settings.maximumConnections),
                 destination: destination, metrics: metrics, logger: logger, judge: processor)
             let listening = ListeningFlag()
             intakeChecks.append(.init("receiver") { listening.isListening })
@@ -194,6 +195,7 @@ struct Worker {
             if settings.host == configuration.http.host, settings.port == configuration.http.port, settings.port != 0 {
                 receiverRoutes = receiver.addRoutes
                 sharedReceiverIdleTimeout = settings.idleTimeout
+                sharedReceiverConnections = settings.maximumConnections
                 onSharedListening = {
                     listening.listened = true
                     announce("receiver: \(settings.host):\(settings.port) \(summary), with /healthz, /readyz and /metrics")
@@ -235,7 +237,8 @@ struct Worker {
             },
             liveness: { [stallTimeout = configuration.http.stallTimeout] in metrics.progress.stall(after: stallTimeout) },
             // Sharing its address, the receiver's idle timeout is this server's.
-            idleTimeout: sharedReceiverIdleTimeout ?? PushReceiver.Settings.defaultIdleTimeout)
+            idleTimeout: sharedReceiverIdleTimeout ?? PushReceiver.Settings.defaultIdleTimeout,
+            maximumConnections: sharedReceiverConnections ?? PushReceiver.Settings.defaultMaximumConnections)
         let http = health.service(logger: logger, routes: receiverRoutes) { [onSharedListening] port in
             announce("http: \(configuration.http.host):\(port) (/healthz, /readyz, /metrics)")
             onSharedListening()

@@ -135,8 +135,10 @@ public struct ReceiverSettings: Sendable, Equatable {
     public var rateLimit: ClientRateLimiter.Settings? = PushReceiver.Settings.defaultRateLimit
     /// `idle-timeout`: seconds a silent connection is kept; default 30.
     public var idleTimeout: Double = PushReceiver.Settings.defaultIdleTimeout
+    /// `max-connections`: connections open at once; default 512.
+    public var maximumConnections: Int = PushReceiver.Settings.defaultMaximumConnections
 
-    static let keys = ["listen", "path", "bearer-tokens-file", "max-body-bytes", "rate-limit", "idle-timeout"]
+    static let keys = ["listen", "path", "bearer-tokens-file", "max-body-bytes", "rate-limit", "idle-timeout", "max-connections"]
 
     static func parse(_ r: ConfigReader) throws(ConfigError) -> ReceiverSettings? {
         guard r.isPresent else { return nil }
@@ -162,7 +164,9 @@ public struct ReceiverSettings: Sendable, Equatable {
         guard idleTimeout >= 1 else { throw r.child("idle-timeout").error("must be at least 1s") }
         return ReceiverSettings(host: host, port: port, path: path, bearerTokens: tokens,
                                 maximumBodyBytes: try r.child("max-body-bytes").byteSize() ?? 65_536,
-                                rateLimit: try parseRateLimit(r.child("rate-limit")), idleTimeout: idleTimeout)
+                                rateLimit: try parseRateLimit(r.child("rate-limit")), idleTimeout: idleTimeout,
+                                maximumConnections: try positiveInt(r.child("max-connections"), atMost: 1_000_000)
+                                    ?? PushReceiver.Settings.defaultMaximumConnections)
     }
 
     /// `off`, or `{per-second: N, burst: M}` (N may be a fraction; burst default: twice the rate, at least 1).

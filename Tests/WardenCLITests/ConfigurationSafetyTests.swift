@@ -113,6 +113,20 @@ struct ConfigurationSafetyTests {
         #expect(issuerError("key-retry-interval: 5s") == "no error")
     }
 
+    @Test func theReceiversConnectionCapIsAPositiveNumber() throws {
+        func receiverError(_ line: String) -> String {
+            do {
+                let parsed = try WardenConfiguration.parse(yaml: OperatorConfigurationTests.issuer
+                    + "receiver:\n  listen: 127.0.0.1:0\n  \(line)\n", baseDirectory: URL(fileURLWithPath: "/tmp"))
+                return "no error: \(parsed.receiver?.maximumConnections ?? -1)"
+            } catch { return error.description }
+        }
+        #expect(receiverError("max-connections: 0").contains("receiver.max-connections: \"0\" is not a positive whole number"))
+        #expect(receiverError("max-connections: many").contains("receiver.max-connections"))
+        #expect(receiverError("max-connections: 64") == "no error: 64")
+        #expect(receiverError("path: /events") == "no error: 512")
+    }
+
     // SIGHUP: a stream's settings and credentials are read at start, so a rotated bearer-token
     // file, or another delivery, is named as needing a restart, never reported as nothing.
     @Test func aReloadNamesAChangedStreamAsNeedingARestart() throws {
