@@ -118,6 +118,49 @@ nonisolated func ledgerOnly(events: Int, callers: Int) async throws -> Double {
 let ledgerRate = try await ledgerOnly(events: 20_000, callers: 64)
 print("ledger alone (claim with plan, 64 concurrent callers): \(Int(ledgerRate)) events/s")
 
+// The ledger alone recording steps' outcomes, as the step runner does while acting: events with
+// one step each are claimed first (untimed), then their outcomes are recorded, each write
+// finishing 96 events, from 8 callers at once; the writer thread's time per outcome is what
+// acting adds to every event's ledger work.
+nonisolated func outcomesOnly(events: Int, callers: Int, perWrite: Int) async throws -> Double {
+    let path = Scratch.path("bench-outcomes", extension: "sqlite")
+    let ledger = try SQLiteLedger(path: path)
+    let token = String(store.lines[0].split(separator: "\t")[1])
+    var ids: [Int64] = []
+    for start in stride(from: 0, to: events, by: perWrite) {
+        let claims = try await ledger.record((start..<min(start + perWrite, events)).map { i in
+            .event(LedgerEvent(issuer: issuer, jti: "outcome-\(i)", token: token, source: "kafka:t/0/\(i)",
+                               eventTypes: [EventType.sessionsRevoked.uri], subject: #"{"format":"opaque","id":"x"}"#,
+                               keyID: "bench-key", algorithm: "RS256", keyThumbprint: "tp",
+                               issuedAt: 1_800_000_000, receivedAt: 1_800_000_000),
+                   outcome: .pending, steps: [OutboxStep(index: 0, kind: "purge-set", action: #"{"purgeSet":{"set":"user-sessions:u-\#(i)"}}"#)])
+        })
+        for claim in claims { guard case .new(let id)? = claim else { fatalError("duplicate in the outcome benchmark") }; ids.append(id) }
+    }
+    let writes = stride(from: 0, to: ids.count, by: perWrite).map { Array(ids[$0..<min($0 + perWrite, ids.count)]) }
+    let start = Date()
+    try await withThrowingTaskGroup(of: Void.self) { group in
+        for c in 0..<callers {
+            group.addTask {
+                for w in stride(from: c, to: writes.count, by: callers) {
+                    let written = try await ledger.recordSteps(writes[w].map {
+                        RecordedStep(eventID: $0, index: 0, status: .done, detail: "2 listed, 2 keys deleted from user-sessions:u-\($0)",
+                                     finishing: .processed)
+                    })
+                    guard written.refusals.allSatisfy({ $0 == nil }) else { fatalError("an outcome was refused in the outcome benchmark") }
+                }
+            }
+        }
+        try await group.waitForAll()
+    }
+    let rate = Double(events) / Date().timeIntervalSince(start)
+    await ledger.close()
+    for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: path + suffix) }
+    return rate
+}
+let outcomeRate = try await outcomesOnly(events: 40_000, callers: 8, perWrite: 96)
+print("ledger alone (steps' outcomes, 96 a write, 8 concurrent callers): \(Int(outcomeRate)) outcomes/s")
+
 // The cluster and the worker's configuration.
 let cluster = try EmbeddedKafkaCluster(topics: [("security-events", partitions), ("security-events.dlq", 1)], logger: logger)
 let directory = try Scratch.directory("bench")

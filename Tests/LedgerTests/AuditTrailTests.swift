@@ -55,6 +55,40 @@ struct AuditTrailTests {
         init(_ description: String) { self.description = description }
     }
 
+    /// The record of a finished event is made from the ledger's own claim when it made the
+    /// claim, and read back from the event's row otherwise (another process's claim, or one from
+    /// before a restart): the two are the same, but for what tells the events apart.
+    @Test func aFinishedEventsRecordIsTheSameWhoeverClaimedIt() async throws {
+        let path = Scratch.path("claimed", extension: "sqlite")
+        let detail = "purged\u{0}2 «é»"
+        let step = [OutboxStep(index: 0, kind: "purge-set", action: "{}")]
+        func finish(_ ledger: SQLiteLedger, _ id: Int64) async throws {
+            let written = try await ledger.recordSteps([RecordedStep(eventID: id, index: 0, status: .failed, detail: detail,
+                                                                     finishing: .failed, attempts: 3)])
+            #expect(written.refusals.allSatisfy { $0 == nil })
+        }
+        let first = try SQLiteLedger(path: path)
+        guard case .new(let own) = try await first.claim(E.event(jti: "own"), outcome: .pending, steps: step),
+              case .new(let inherited) = try await first.claim(E.event(jti: "inherited"), outcome: .pending, steps: step) else {
+            throw Failure("the claims must be new")
+        }
+        try await finish(first, own)
+        await first.close()
+        let second = try SQLiteLedger(path: path)
+        try await finish(second, inherited)
+        let records = try await records(second)
+        #expect(records.map { $0["jti"]?.stringValue } == ["own", "inherited"])
+        func alike(_ record: JSONObject) -> JSONObject {
+            JSONObject(record.filter { !["jti", "event_id", "seq", "recorded_at"].contains($0.name) }.map { ($0.name, $0.value) })
+        }
+        #expect(alike(records[0]) == alike(records[1]))
+        let only = try #require(records[0]["steps"]?.arrayValue?.first?.objectValue)
+        #expect(only["kind"]?.stringValue == "purge-set" && only["status"]?.stringValue == "failed")
+        #expect(only["detail"]?.stringValue == detail && only["attempts"]?.numberValue == 3 && only["index"]?.numberValue == 0)
+        #expect(try await second.checkAuditChain() == .intact(count: 2, seq: 2, head: try await second.auditHead().hash))
+        await second.close()
+    }
+
     @Test(arguments: Backend.allCases) func everyOutcomeIsOneChainedRecord(_ backend: Backend) async throws {
         let storage = try await LedgerUnderTest(backend)
         let ledger = try await populated(storage)
