@@ -120,7 +120,7 @@ print("ledger alone (claim with plan, 64 concurrent callers): \(Int(ledgerRate))
 
 // The ledger alone recording steps' outcomes, as the step runner does while acting: events with
 // one step each are claimed first (untimed), then their outcomes are recorded, each write
-// finishing 96 events, from 8 callers at once; the writer thread's time per outcome is what
+// finishing 96 events, from 8 callers at once: the rate at which the ledger records what
 // acting adds to every event's ledger work.
 nonisolated func outcomesOnly(events: Int, callers: Int, perWrite: Int) async throws -> Double {
     let path = Scratch.path("bench-outcomes", extension: "sqlite")

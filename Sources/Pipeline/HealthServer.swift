@@ -30,9 +30,13 @@ public struct HealthServer: Sendable {
     /// Connections open at once (the receiver's `max-connections` when it shares this address).
     public var maximumConnections: Int
 
+    /// On an address of its own: probes and scrapes use a few connections, and with the
+    /// receiver's 512 the two stay well inside the 1,024 descriptors a process is commonly allowed.
+    public static let defaultMaximumConnections = 128
+
     public init(host: String, port: Int, checks: [Check], metricsText: @escaping @Sendable () -> [UInt8],
                 liveness: @escaping @Sendable () -> String? = { nil }, idleTimeout: Double = PushReceiver.Settings.defaultIdleTimeout,
-                maximumConnections: Int = PushReceiver.Settings.defaultMaximumConnections) {
+                maximumConnections: Int = Self.defaultMaximumConnections) {
         self.idleTimeout = idleTimeout
         self.maximumConnections = maximumConnections
         self.host = host

@@ -22,7 +22,8 @@ extension WardenCommand {
             "received_at"; gzip accepted) or --topic NAME [--from T] [--to T] (T: RFC 3339), read by a consumer of \
             its own that commits nothing. Tokens are verified with every key the ledger archived, then the live keys. \
             A dry run (the default) touches no target and writes nothing to the ledger. \
-            Exit status: 0 no discrepancy (with --apply: every one repaired), 1 discrepancies, \
+            Exit status: 0 no discrepancy (with --apply: every one repaired), 1 discrepancies (or an audit chain that does not \
+            check, which --apply cannot mend: warden audit verify names it), \
             2 usage or configuration error, 3 keys (or the ledger) unavailable.
             """
         )

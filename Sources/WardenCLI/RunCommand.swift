@@ -238,7 +238,7 @@ struct Worker {
             liveness: { [stallTimeout = configuration.http.stallTimeout] in metrics.progress.stall(after: stallTimeout) },
             // Sharing its address, the receiver's idle timeout is this server's.
             idleTimeout: sharedReceiverIdleTimeout ?? PushReceiver.Settings.defaultIdleTimeout,
-            maximumConnections: sharedReceiverConnections ?? PushReceiver.Settings.defaultMaximumConnections)
+            maximumConnections: sharedReceiverConnections ?? HealthServer.defaultMaximumConnections)
         let http = health.service(logger: logger, routes: receiverRoutes) { [onSharedListening] port in
             announce("http: \(configuration.http.host):\(port) (/healthz, /readyz, /metrics)")
             onSharedListening()
