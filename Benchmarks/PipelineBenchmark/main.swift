@@ -88,6 +88,14 @@ nonisolated func verifyOnly(seconds: Double) async -> Double {
 }
 let verifyRate = await verifyOnly(seconds: 3)
 
+/// An event as the ledger benchmarks claim it: `jti`, from offset `i` of one partition.
+nonisolated func benchEvent(_ jti: String, _ i: Int, token: String) -> LedgerEvent {
+    LedgerEvent(issuer: issuer, jti: jti, token: token, source: "kafka:t/0/\(i)",
+                eventTypes: [EventType.sessionsRevoked.uri], subject: #"{"format":"opaque","id":"x"}"#,
+                keyID: "bench-key", algorithm: "RS256", keyThumbprint: "tp",
+                issuedAt: 1_800_000_000, receivedAt: 1_800_000_000)
+}
+
 // The ledger alone: claim and record, from as many concurrent callers as the worker has lanes.
 nonisolated func ledgerOnly(events: Int, callers: Int) async throws -> Double {
     let path = Scratch.path("bench-ledger", extension: "sqlite")
@@ -98,11 +106,7 @@ nonisolated func ledgerOnly(events: Int, callers: Int) async throws -> Double {
         for c in 0..<callers {
             group.addTask {
                 for i in stride(from: c, to: events, by: callers) {
-                    let event = LedgerEvent(issuer: issuer, jti: "ledger-\(i)", token: token, source: "kafka:t/0/\(i)",
-                                            eventTypes: [EventType.sessionsRevoked.uri], subject: #"{"format":"opaque","id":"x"}"#,
-                                            keyID: "bench-key", algorithm: "RS256", keyThumbprint: "tp",
-                                            issuedAt: 1_800_000_000, receivedAt: 1_800_000_000)
-                    guard case .new = try await ledger.claim(event, outcome: .pending, steps: []) else {
+                    guard case .new = try await ledger.claim(benchEvent("ledger-\(i)", i, token: token), outcome: .pending, steps: []) else {
                         fatalError("duplicate in the ledger benchmark")
                     }
                 }
@@ -129,11 +133,7 @@ nonisolated func outcomesOnly(events: Int, callers: Int, perWrite: Int) async th
     var ids: [Int64] = []
     for start in stride(from: 0, to: events, by: perWrite) {
         let claims = try await ledger.record((start..<min(start + perWrite, events)).map { i in
-            .event(LedgerEvent(issuer: issuer, jti: "outcome-\(i)", token: token, source: "kafka:t/0/\(i)",
-                               eventTypes: [EventType.sessionsRevoked.uri], subject: #"{"format":"opaque","id":"x"}"#,
-                               keyID: "bench-key", algorithm: "RS256", keyThumbprint: "tp",
-                               issuedAt: 1_800_000_000, receivedAt: 1_800_000_000),
-                   outcome: .pending, steps: [OutboxStep(index: 0, kind: "purge-set", action: #"{"purgeSet":{"set":"user-sessions:u-\#(i)"}}"#)])
+            .event(benchEvent("outcome-\(i)", i, token: token), outcome: .pending, steps: [OutboxStep(index: 0, kind: "purge-set", action: #"{"purgeSet":{"set":"user-sessions:u-\#(i)"}}"#)])
         })
         for claim in claims { guard case .new(let id)? = claim else { fatalError("duplicate in the outcome benchmark") }; ids.append(id) }
     }
