@@ -50,6 +50,26 @@ struct JSONParserTests {
         #expect(try JSONParser.parse(#""\ud83d\ude00""#) == .string("😀"))
     }
 
+    /// Names are the same only byte for byte, short (stored inline) or long, whether the
+    /// difference is at the start, the end, or in a canonically equivalent character.
+    @Test func namesAreTheSameOnlyByteForByte() {
+        let long = "https://accounts.example.com/" + String(repeating: "a", count: 40)
+        #expect(sameName(long, String(decoding: Array(long.utf8), as: UTF8.self)))
+        #expect(sameName("kid", "kid"))
+        #expect(sameName("", ""))
+        #expect(!sameName(long, String(long.dropLast()) + "b"))
+        #expect(!sameName(long, "b" + String(long.dropFirst())))
+        #expect(!sameName(long, String(long.dropLast())))
+        #expect(!sameName("K", "\u{212A}"))
+        #expect(!sameName("\u{E9}", "e\u{301}"))
+        #expect(!sameName(long + "\u{E9}", long + "e\u{301}"))
+        // Canonically equivalent, of one length and one first byte: only the bytes after differ.
+        #expect(!sameName(long + "\u{212B}", long + "A\u{30A}"))
+        #expect(!sameName("a\u{301}\u{316}", "a\u{316}\u{301}"))
+        // A string made from a substring, and one made from a character view, compare the same way.
+        #expect(sameName(String(long.prefix(30)), String(Array(long.prefix(30)))))
+    }
+
     @Test func serialisesRoundTrip() throws {
         let text = #"{"iat":1700000000,"x":0.5,"s":"a\"b\\c\u0001","l":[1,{"k":null}]}"#
         let value = try JSONParser.parse(text)
