@@ -37,9 +37,10 @@ public struct PushReceiver: Sendable {
         /// arrive whole once its head is read. Default 30.
         public var idleTimeout: Double
         /// Connections open at once (a few more at most: up to four are accepted per read);
-        /// past it, new ones wait in the listen queue until one closes. Each holds a file descriptor: without a bound, clients opening connections
-        /// (idle ones live for `idleTimeout`) could take every descriptor the process may have,
-        /// and the ledger, Kafka and the targets with them. Default 512.
+        /// past it, new ones wait in the listen queue until one closes. Each holds a file
+        /// descriptor: without a bound, clients opening connections (idle ones live for
+        /// `idleTimeout`) could take every descriptor the process may have, and the ledger,
+        /// Kafka and the targets with them. Default 512.
         public var maximumConnections: Int
 
         public init(host: String, port: Int, path: String = "/events", bearerTokens: [String] = [], maximumBodyBytes: Int = 65_536,

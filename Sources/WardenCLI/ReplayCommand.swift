@@ -130,8 +130,9 @@ extension WardenCommand {
             do {
                 let (attested, finding) = try await ledger.attestedArchivedKeys()
                 if case .broken(let seq, let reason) = finding {
-                    chainBroken = "the audit log is broken at record \(seq): \(reason)"
-                    standardError("warden: \(chainBroken!); archived keys no intact record attests are not used (warden audit verify)\n")
+                    let broken = "the audit log is broken at record \(seq): \(reason)"
+                    standardError("warden: \(broken); archived keys no intact record attests are not used (warden audit verify)\n")
+                    chainBroken = broken
                 } else {
                     chainBroken = nil
                 }
