@@ -16,15 +16,18 @@ rate() { sed -n 's/^warden run end to end .*: \([0-9]*\) SETs\/s$/\1/p'; }
 # The worker's CPU seconds per event drift less with the machine's speed of the moment than
 # rates do: their ratio is printed beside the rates' ratio.
 cpu() { sed -n 's/^worker CPU time per event[^:]*: \([0-9]*\) µs.*/\1/p'; }
-acting=(); ofrecord=(); ofopenssl=(); cpuratio=()
+# The bytes the worker wrote per event (its ledger's WAL and checkpoints, mostly) depend on how its
+# writes fell into transactions, not on the speed of the moment: runs agree within about a tenth.
+written() { sed -n 's/^worker bytes written per event[^:]*: \([0-9]*\) B$/\1/p'; }
+acting=(); ofrecord=(); ofopenssl=(); cpuratio=(); recordbytes=(); enginebytes=()
 for run in $(seq "$runs"); do
     echo "--- run $run of $runs"
     limit=$(openssl speed -multi 2 -seconds 3 rsa2048 2>/dev/null | awk '/^rsa 2048 bits/ {print $NF}')
     echo "openssl speed -multi 2 -seconds 3 rsa2048: ${limit} verify/s"
     record=$("$bin/PipelineBenchmark" "$tokens" "$limit")
-    echo "$record" | grep -E "^warden run|^two-core|^worker CPU"
+    echo "$record" | grep -E "^warden run|^two-core|^worker CPU|^worker bytes"
     engine=$("$bin/PipelineBenchmark" "$tokens" "$limit" redis)
-    echo "$engine" | grep -E "^warden run|^redis-server keys left|^step answered|^  and p50|^  share|^worker CPU"
+    echo "$engine" | grep -E "^warden run|^redis-server keys left|^step answered|^  and p50|^  share|^worker CPU|^worker bytes"
     r=$(echo "$record" | rate); e=$(echo "$engine" | rate)
     [ -n "$r" ] && [ -n "$e" ] || { echo "a run printed no rate"; exit 1; }
     acting+=("$(awk -v e="$e" -v r="$r" 'BEGIN {printf "%.2f", e / r}')")
@@ -36,7 +39,10 @@ for run in $(seq "$runs"); do
         cpuratio+=("$(awk -v e="$ec" -v r="$rc" 'BEGIN {printf "%.2f", r / e}')")
         echo "worker CPU per event: record-only ${rc} µs, with actions ${ec} µs; record-only ÷ with actions: ${cpuratio[-1]}"
     fi
+    rb=$(echo "$record" | written); eb=$(echo "$engine" | written)
+    if [ -n "$rb" ] && [ -n "$eb" ]; then recordbytes+=("$rb"); enginebytes+=("$eb"); fi
 done
 med() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
 echo "=== medians over $runs runs: with actions ÷ record-only $(med "${acting[@]}"), record-only ÷ openssl -multi 2 $(med "${ofrecord[@]}"), with actions ÷ openssl $(med "${ofopenssl[@]}")"
 if [ ${#cpuratio[@]} -gt 0 ]; then echo "=== worker CPU per event, record-only ÷ with actions: median $(med "${cpuratio[@]}")"; fi
+if [ ${#recordbytes[@]} -gt 0 ]; then echo "=== worker bytes written per event: record-only median $(med "${recordbytes[@]}") B, with actions median $(med "${enginebytes[@]}") B"; fi

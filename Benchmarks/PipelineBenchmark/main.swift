@@ -299,12 +299,25 @@ func cpuSeconds(_ pid: String) -> Double? {
     guard fields.count > 13, let user = Double(fields[11]), let system = Double(fields[12]) else { return nil }
     return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
 }
+// Bytes a process has passed to write system calls so far (`wchar` in /proc/PID/io): for the
+// worker, its ledger's WAL and checkpoints and, far smaller, its sockets. It depends on how the
+// writes fell into transactions, not on the machine's speed of the moment, as CPU time does:
+// runs of one build agree within about a tenth.
+func bytesWritten(_ pid: String) -> Double? {
+    guard let io = try? String(contentsOfFile: "/proc/\(pid)/io", encoding: .utf8) else { return nil }
+    for line in io.split(separator: "\n") where line.hasPrefix("wchar:") {
+        return Double(line.dropFirst("wchar:".count).trimmingCharacters(in: .whitespaces))
+    }
+    return nil
+}
 
 struct WorkerRun {
     /// Events per second from the first recorded event to the last.
     var rate: Double
     /// The worker's CPU time (all threads, start-up included) per event, seconds.
     var cpuPerEvent: Double?
+    /// The worker's bytes written (all write system calls, start-up included) per event.
+    var bytesPerEvent: Double?
     /// This process's CPU per event meanwhile: the mock cluster serving the worker, and the
     /// ledger polling that finds the window.
     var clusterCPUPerEvent: Double?
@@ -363,6 +376,7 @@ nonisolated func runWorker(_ path: String, run: Int) async throws -> WorkerRun {
         guard processed == count else { fatalError("\(processed) of \(count) events processed: the others' steps failed") }
     }
     let workerCPU = cpuSeconds("\(worker.processIdentifier)")
+    let workerBytes = bytesWritten("\(worker.processIdentifier)")
     let clusterCPU = cpuSeconds("self").map { $0 - clusterCPUBefore }
     let metrics = scrapeMetrics()
     worker.terminate()
@@ -372,6 +386,7 @@ nonisolated func runWorker(_ path: String, run: Int) async throws -> WorkerRun {
     var idle: Double? = nil
     if let a = idleAtFirst, let b = idleAtLast, b.total > a.total { idle = (b.idle - a.idle) / (b.total - a.total) }
     return WorkerRun(rate: Double(last.1 - n0) / last.0.timeIntervalSince(t0), cpuPerEvent: workerCPU.map { $0 / Double(count) },
+                     bytesPerEvent: workerBytes.map { $0 / Double(count) },
                      clusterCPUPerEvent: clusterCPU.map { $0 / Double(count) }, idle: idle,
                      pid: worker.processIdentifier, metrics: metrics)
 }
@@ -397,12 +412,12 @@ if let compare = ProcessInfo.processInfo.environment["BENCH_COMPARE"] {
             run += 1
             let r = try await runWorker(build, run: run)
             results[b].append(r)
-            print("round \(round) build \(b): \(Int(r.rate)) SETs/s, worker \(Int((r.cpuPerEvent ?? 0) * 1e6)) µs CPU per event (pid \(r.pid))")
+            print("round \(round) build \(b): \(Int(r.rate)) SETs/s, worker \(Int((r.cpuPerEvent ?? 0) * 1e6)) µs CPU and \(Int(r.bytesPerEvent ?? 0)) B written per event (pid \(r.pid))")
         }
     }
     for (b, build) in builds.enumerated() {
-        let rates = results[b].map(\.rate), cpus = results[b].compactMap(\.cpuPerEvent)
-        print("build \(b) (\(build)): median \(Int(median(rates))) SETs/s, \(String(format: "%.1f", median(cpus) * 1e6)) µs CPU per event")
+        let rates = results[b].map(\.rate), cpus = results[b].compactMap(\.cpuPerEvent), bytes = results[b].compactMap(\.bytesPerEvent)
+        print("build \(b) (\(build)): median \(Int(median(rates))) SETs/s, \(String(format: "%.1f", median(cpus) * 1e6)) µs CPU and \(Int(bytes.isEmpty ? 0 : median(bytes))) B written per event")
     }
     try? FileManager.default.removeItem(at: directory)
     exit(0)
@@ -431,6 +446,9 @@ if let redis {
 }
 if let cpu = result.cpuPerEvent {
     print("worker CPU time per event (whole run, start-up included): \(Int(cpu * 1e6)) µs; verification alone: \(Int(1e6 / verifyRate)) µs")
+}
+if let bytes = result.bytesPerEvent {
+    print("worker bytes written per event (write system calls: the ledger's WAL and checkpoints, sockets): \(Int(bytes)) B")
 }
 if let cpu = result.clusterCPUPerEvent {
     print("mock cluster serving the worker, with this process polling the ledger (same cores): \(Int(cpu * 1e6)) µs of CPU per event")
