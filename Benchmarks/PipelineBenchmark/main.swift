@@ -7,6 +7,9 @@
 // user's session set on a real redis-server (each of the users holds two sessions), and the
 // time runs until every event's step is done.
 // Arguments: [tokens] [two-core openssl verify/s] [redis].
+// A ledger in service, not a fresh one: BENCH_RANDOM_JTI=1 (random jtis, as providers send) with
+// BENCH_PREFILL=1000000 (the ledger already holds a million events); BENCH_PAGE_SIZE=P makes
+// that ledger with pages of P bytes.
 import Foundation
 import Kafka
 import Ledger
@@ -20,6 +23,9 @@ let arguments = CommandLine.arguments
 let count = arguments.count > 1 ? Int(arguments[1]) ?? 64_000 : 64_000
 let limit = arguments.count > 2 ? Double(arguments[2]).flatMap { $0 > 0 ? $0 : nil } : nil
 let withRedis = arguments.count > 3 && arguments[3] == "redis"
+// BENCH_RANDOM_JTI=1: each token's jti is a random UUID, as providers' are, instead of
+// `bench-N`. The ledger's (issuer, jti) index then takes each claim at a random leaf.
+let randomJTI = ProcessInfo.processInfo.environment["BENCH_RANDOM_JTI"] == "1"
 // The mock cluster keeps ~5 MiB per partition: 16 partitions hold 64k tokens of ~830 bytes.
 let partitions = max(16, count / 4000)
 let issuer = "https://accounts.google.com/"
@@ -39,8 +45,9 @@ final class TokenStore: @unchecked Sendable {
 }
 let store = TokenStore()
 let cacheDirectory = ProcessInfo.processInfo.environment["BENCH_TOKENS_DIR"].map { URL(fileURLWithPath: $0) }
-let cachedTokens = cacheDirectory?.appendingPathComponent("tokens-\(count)\(withRedis ? "-redis" : "").tsv")
-let cachedJWKS = cacheDirectory?.appendingPathComponent("jwks-\(count)\(withRedis ? "-redis" : "").json")
+let cacheName = "\(count)\(withRedis ? "-redis" : "")\(randomJTI ? "-random-jti" : "")"
+let cachedTokens = cacheDirectory?.appendingPathComponent("tokens-\(cacheName).tsv")
+let cachedJWKS = cacheDirectory?.appendingPathComponent("jwks-\(cacheName).json")
 let jwks: String
 if let cachedTokens, let cachedJWKS, let lines = try? String(contentsOf: cachedTokens, encoding: .utf8),
    let document = try? String(contentsOf: cachedJWKS, encoding: .utf8) {
@@ -56,7 +63,7 @@ if let cachedTokens, let cachedJWKS, let lines = try? String(contentsOf: cachedT
             // With Redis, one user per event, so every purge has sessions to delete.
             let subject = withRedis ? "user-\(i)" : "user-\(i % 5000)"
             let claims = SETMinter.riscClaims(issuer: issuer, audience: audience, event: .sessionsRevoked, subject: subject,
-                                              jti: "bench-\(i)")
+                                              jti: randomJTI ? UUID().uuidString.lowercased() : "bench-\(i)")
             store.lines[i] = subject + "\t" + (try! SETMinter.token(claims: claims, key: key))
         }
     }
@@ -330,8 +337,40 @@ struct WorkerRun {
 
 /// Runs `warden run` at `path` on the whole topic with a group and ledger of its own, and times
 /// it from its first recorded event to its last.
+// BENCH_PREFILL=N: the ledger already holds N events with random jtis when the worker starts,
+// as a ledger in service does (the (issuer, jti) index then has far more leaves than one write
+// touches). BENCH_PAGE_SIZE=P: that ledger is made with pages of P bytes instead of Warden's own.
+let prefill = Int(ProcessInfo.processInfo.environment["BENCH_PREFILL"] ?? "") ?? 0
+let prefillPageSize = Int(ProcessInfo.processInfo.environment["BENCH_PAGE_SIZE"] ?? "")
+
+func sqlite3(_ path: String, _ sql: String) throws {
+    let shell = Process()
+    shell.executableURL = URL(fileURLWithPath: "/usr/bin/sqlite3")
+    shell.arguments = [path, sql]
+    shell.standardOutput = FileHandle.nullDevice
+    try shell.run()
+    shell.waitUntilExit()
+    guard shell.terminationStatus == 0 else { fatalError("sqlite3 failed on \(path): \(sql.prefix(80))") }
+}
+
+/// Makes the ledger at `path` with `prefill` events in it (their outcome `failed`, so that the
+/// run's own `processed` events are counted apart).
+nonisolated func prefillLedger(_ path: String) async throws {
+    if let prefillPageSize { try sqlite3(path, "PRAGMA page_size = \(prefillPageSize); PRAGMA journal_mode = WAL;") }
+    await (try SQLiteLedger(path: path)).close()
+    try sqlite3(path, """
+        WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < \(prefill))
+        INSERT INTO events (issuer, jti, token, source, event_types, subject, key_id, algorithm, key_thumbprint,
+                            issued_at, received_at, outcome, steps, updated_at, token_sha256)
+        SELECT '\(issuer)', lower(hex(randomblob(16))), '', 'prefill', '[]', NULL, 'k', 'RS256', 'tp', 0, 0, 'failed', '[]', 0, ''
+        FROM n;
+        PRAGMA wal_checkpoint(TRUNCATE);
+        """)
+}
+
 nonisolated func runWorker(_ path: String, run: Int) async throws -> WorkerRun {
     let (config, ledgerPath) = try writeConfig(run: run)
+    if prefill > 0 { try await prefillLedger(ledgerPath) }
     let worker = Process()
     worker.executableURL = URL(fileURLWithPath: path)
     worker.arguments = ["run", "--config", config.path]
@@ -358,7 +397,7 @@ nonisolated func runWorker(_ path: String, run: Int) async throws -> WorkerRun {
         if ledgerReader == nil, FileManager.default.fileExists(atPath: ledgerPath) { ledgerReader = try? SQLiteLedgerReader(path: ledgerPath) }
         guard let reader = ledgerReader,
               let latest = try? (withRedis ? reader.eventsWithoutPendingSteps() : reader.latestEventID()) else { continue }
-        let n = Int(latest)
+        let n = Int(latest) - prefill
         if n > 0, firstSeen == nil {
             firstSeen = (Date(), n)
             idleAtFirst = machineIdle()
