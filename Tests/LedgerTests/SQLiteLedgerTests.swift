@@ -157,6 +157,27 @@ struct SQLiteLedgerTests {
         #expect(seen.isSuperset(of: ["warden-ledger", "warden-checkpts", "warden-walsync"]))
     }
 
+    /// A new ledger has 4 KiB pages, and its WAL starts over at 256 MiB whatever the page size: a
+    /// ledger made with 16 KiB pages keeps them, with a quarter of the pages before the WAL's
+    /// checkpoint.
+    @Test func newLedgersHaveSmallPagesAndTheWALStartsOverAtTheSameSize() async throws {
+        let path = Self.temporaryPath()
+        let ledger = try SQLiteLedger(path: path)
+        let fresh = try await ledger.pageSizeAndAutocheckpoint()
+        #expect(fresh.pageSize == 4096)
+        #expect(fresh.autocheckpoint == 65536)
+        await ledger.close()
+        let older = Self.temporaryPath()
+        _ = try await runProgram("/usr/bin/sqlite3", [older, "PRAGMA page_size = 16384; PRAGMA journal_mode = WAL; CREATE TABLE made_before (x);"])
+        let reopened = try SQLiteLedger(path: older)
+        let kept = try await reopened.pageSizeAndAutocheckpoint()
+        #expect(kept.pageSize == 16384)
+        #expect(kept.autocheckpoint == 16384)
+        _ = try await reopened.claim(Self.event(jti: "after"), outcome: .processed, steps: [])
+        #expect(try reopened.events().map(\.jti) == ["after"])
+        await reopened.close()
+    }
+
     /// A new event's token is kept apart from its row (which its outcome rewrites); events of
     /// a ledger written before that keep theirs in the row, and both read back whole.
     @Test func tokensOfEventsRecordedBeforeAndAfterTheyMovedToATableOfTheirOwn() async throws {
