@@ -16,9 +16,9 @@ rate() { sed -n 's/^warden run end to end .*: \([0-9]*\) SETs\/s$/\1/p'; }
 # The worker's CPU seconds per event drift less with the machine's speed of the moment than
 # rates do: their ratio is printed beside the rates' ratio.
 cpu() { sed -n 's/^worker CPU time per event[^:]*: \([0-9]*\) µs.*/\1/p'; }
-# The bytes the worker wrote per event (its ledger's WAL and checkpoints, mostly) depend on how its
-# writes fell into transactions, not on the speed of the moment: runs agree within about a tenth.
-written() { sed -n 's/^worker bytes written per event[^:]*: \([0-9]*\) B$/\1/p'; }
+# The bytes the worker wrote per event (its ledger's WAL and checkpoints, mostly) drift far less
+# with the speed of the moment than its CPU time: runs agree within about a tenth.
+written() { sed -n 's/^worker bytes written per event.*: \([0-9]*\) B$/\1/p'; }
 acting=(); ofrecord=(); ofopenssl=(); cpuratio=(); recordbytes=(); enginebytes=()
 for run in $(seq "$runs"); do
     echo "--- run $run of $runs"

@@ -307,9 +307,11 @@ func cpuSeconds(_ pid: String) -> Double? {
     return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
 }
 // Bytes a process has passed to write system calls so far (`wchar` in /proc/PID/io): for the
-// worker, its ledger's WAL and checkpoints and, far smaller, its sockets. It depends on how the
-// writes fell into transactions, not on the machine's speed of the moment, as CPU time does:
-// runs of one build agree within about a tenth.
+// worker, its ledger's WAL and checkpoints and, far smaller, what it writes to sockets with
+// write/writev (librdkafka's sendmsg is not counted). It depends on how the writes fell into
+// transactions and checkpoints, so on timing too, but far less than CPU time does on the
+// machine's speed of the moment: runs of one build agree within about a tenth. What the last
+// checkpoint has not copied yet when it is read is not counted.
 func bytesWritten(_ pid: String) -> Double? {
     guard let io = try? String(contentsOfFile: "/proc/\(pid)/io", encoding: .utf8) else { return nil }
     for line in io.split(separator: "\n") where line.hasPrefix("wchar:") {
@@ -339,24 +341,39 @@ struct WorkerRun {
 /// it from its first recorded event to its last.
 // BENCH_PREFILL=N: the ledger already holds N events with random jtis when the worker starts,
 // as a ledger in service does (the (issuer, jti) index then has far more leaves than one write
-// touches). BENCH_PAGE_SIZE=P: that ledger is made with pages of P bytes instead of Warden's own.
+// touches). That ledger is made by this benchmark's own build of the ledger, with its page size,
+// whichever `warden` then runs on it; BENCH_PAGE_SIZE=P makes it with pages of P bytes.
 let prefill = Int(ProcessInfo.processInfo.environment["BENCH_PREFILL"] ?? "") ?? 0
-let prefillPageSize = Int(ProcessInfo.processInfo.environment["BENCH_PAGE_SIZE"] ?? "")
+let prefillPageSize = ProcessInfo.processInfo.environment["BENCH_PAGE_SIZE"].map { value -> Int in
+    guard let size = Int(value), size >= 512, size <= 65536, size & (size - 1) == 0 else {
+        fatalError("BENCH_PAGE_SIZE must be a power of two from 512 to 65536, not \(value)")
+    }
+    guard prefill > 0 else { fatalError("BENCH_PAGE_SIZE applies to the ledger BENCH_PREFILL makes: set both") }
+    return size
+}
 
-func sqlite3(_ path: String, _ sql: String) throws {
+@discardableResult
+func sqlite3(_ path: String, _ sql: String) throws -> String {
     let shell = Process()
     shell.executableURL = URL(fileURLWithPath: "/usr/bin/sqlite3")
     shell.arguments = [path, sql]
-    shell.standardOutput = FileHandle.nullDevice
+    let output = Pipe()
+    shell.standardOutput = output
     try shell.run()
+    let printed = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
     shell.waitUntilExit()
     guard shell.terminationStatus == 0 else { fatalError("sqlite3 failed on \(path): \(sql.prefix(80))") }
+    return printed
 }
 
 /// Makes the ledger at `path` with `prefill` events in it (their outcome `failed`, so that the
 /// run's own `processed` events are counted apart).
 nonisolated func prefillLedger(_ path: String) async throws {
-    if let prefillPageSize { try sqlite3(path, "PRAGMA page_size = \(prefillPageSize); PRAGMA journal_mode = WAL;") }
+    if let prefillPageSize {
+        try sqlite3(path, "PRAGMA page_size = \(prefillPageSize); PRAGMA journal_mode = WAL;")
+        let made = try sqlite3(path, "PRAGMA page_size").trimmingCharacters(in: .whitespacesAndNewlines)
+        guard made == "\(prefillPageSize)" else { fatalError("the prefilled ledger has pages of \(made) bytes, not \(prefillPageSize)") }
+    }
     await (try SQLiteLedger(path: path)).close()
     try sqlite3(path, """
         WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < \(prefill))

@@ -38,12 +38,6 @@ public final class SQLiteLedger: AuditingLedger {
             // again into the database. With 16 KiB pages, a ledger holding a million events
             // wrote 33–34 KB per event recorded; with 4 KiB, 16 KB.
             try db.execute(sql: "PRAGMA page_size = 4096")
-            // The WAL is copied into the database by a thread of its own (`Checkpointer`), while
-            // the writer goes on. The writer still checkpoints once the WAL holds 256 MiB, so
-            // that the WAL starts over: by then nearly all of it is copied, and the writer's
-            // checkpoint is short.
-            let pageSize = try Int.fetchOne(db, sql: "PRAGMA page_size") ?? 4096
-            try db.execute(sql: "PRAGMA wal_autocheckpoint = \((256 << 20) / max(512, pageSize))")
             // A 64 MiB page cache: the (issuer, jti) index is probed at a random leaf for every
             // event, and SQLite's default 2 MiB cache holds only the index of ~40,000 events;
             // past that, each claim read its leaf back from the file.
@@ -66,6 +60,15 @@ public final class SQLiteLedger: AuditingLedger {
                 // it before any caller is answered. SQLite still syncs the WAL before each
                 // checkpoint, the database after it, and the WAL's header when it starts over.
                 try opened.writeWithoutTransaction { try $0.execute(sql: "PRAGMA synchronous = NORMAL") }
+                // The WAL is copied into the database by a thread of its own (`Checkpointer`),
+                // while the writer goes on. The writer still checkpoints once the WAL holds
+                // 256 MiB, so that the WAL starts over: by then nearly all of it is copied, and
+                // the writer's checkpoint is short. The threshold is counted in pages, of the
+                // size the file has once made (here, whichever process made it).
+                try opened.writeWithoutTransaction { db in
+                    let pageSize = try Int.fetchOne(db, sql: "PRAGMA page_size") ?? 4096
+                    try db.execute(sql: "PRAGMA wal_autocheckpoint = \((256 << 20) / max(512, pageSize))")
+                }
                 database = opened
                 break
             } catch is DatabaseError where attempt < 100 {
@@ -238,7 +241,7 @@ public final class SQLiteLedger: AuditingLedger {
         }
         // The steps' status check as comparisons: written `status IN (…)`, SQLite built a
         // temporary b-tree of the list for every row inserted or updated (in a ledger of 16 KiB
-        // pages, a page cache of its own each time). Each event keeps its token's digest, so
+        // pages, as they then were, a page cache of its own each time). Each event keeps its token's digest, so
         // its audit record is made without reading the token back.
         migrator.registerMigration("v8-steps-check-token-digest") { db in
             try db.execute(sql: """
