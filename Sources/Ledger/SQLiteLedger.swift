@@ -241,8 +241,8 @@ public final class SQLiteLedger: AuditingLedger {
         }
         // The steps' status check as comparisons: written `status IN (…)`, SQLite built a
         // temporary b-tree of the list for every row inserted or updated (in a ledger of 16 KiB
-        // pages, as they then were, a page cache of its own each time). Each event keeps its token's digest, so
-        // its audit record is made without reading the token back.
+        // pages, as they then were, a page cache of its own each time). Each event keeps its
+        // token's digest, so its audit record is made without reading the token back.
         migrator.registerMigration("v8-steps-check-token-digest") { db in
             try db.execute(sql: """
                 CREATE TABLE steps_v8 (
