@@ -352,37 +352,23 @@ let prefillPageSize = ProcessInfo.processInfo.environment["BENCH_PAGE_SIZE"].map
     return size
 }
 
-@discardableResult
-func sqlite3(_ path: String, _ sql: String) throws -> String {
-    let shell = Process()
-    shell.executableURL = URL(fileURLWithPath: "/usr/bin/sqlite3")
-    shell.arguments = [path, sql]
-    let output = Pipe()
-    shell.standardOutput = output
-    try shell.run()
-    let printed = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-    shell.waitUntilExit()
-    guard shell.terminationStatus == 0 else { fatalError("sqlite3 failed on \(path): \(sql.prefix(80))") }
-    return printed
-}
-
 /// Makes the ledger at `path` with `prefill` events in it (their outcome `failed`, so that the
 /// run's own `processed` events are counted apart).
 nonisolated func prefillLedger(_ path: String) async throws {
     if let prefillPageSize {
-        try sqlite3(path, "PRAGMA page_size = \(prefillPageSize); PRAGMA journal_mode = WAL;")
-        let made = try sqlite3(path, "PRAGMA page_size").trimmingCharacters(in: .whitespacesAndNewlines)
+        try await runProgram("/usr/bin/sqlite3", [path, "PRAGMA page_size = \(prefillPageSize); PRAGMA journal_mode = WAL;"])
+        let made = try await runProgram("/usr/bin/sqlite3", [path, "PRAGMA page_size"])
         guard made == "\(prefillPageSize)" else { fatalError("the prefilled ledger has pages of \(made) bytes, not \(prefillPageSize)") }
     }
     await (try SQLiteLedger(path: path)).close()
-    try sqlite3(path, """
+    try await runProgram("/usr/bin/sqlite3", [path, """
         WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < \(prefill))
         INSERT INTO events (issuer, jti, token, source, event_types, subject, key_id, algorithm, key_thumbprint,
                             issued_at, received_at, outcome, steps, updated_at, token_sha256)
         SELECT '\(issuer)', lower(hex(randomblob(16))), '', 'prefill', '[]', NULL, 'k', 'RS256', 'tp', 0, 0, 'failed', '[]', 0, ''
         FROM n;
         PRAGMA wal_checkpoint(TRUNCATE);
-        """)
+        """])
 }
 
 nonisolated func runWorker(_ path: String, run: Int) async throws -> WorkerRun {

@@ -67,7 +67,7 @@ public final class SQLiteLedger: AuditingLedger {
                 // size the file has once made (here, whichever process made it).
                 try opened.writeWithoutTransaction { db in
                     let pageSize = try Int.fetchOne(db, sql: "PRAGMA page_size") ?? 4096
-                    try db.execute(sql: "PRAGMA wal_autocheckpoint = \((256 << 20) / max(512, pageSize))")
+                    try db.execute(sql: "PRAGMA wal_autocheckpoint = \((256 << 20) / pageSize)")
                 }
                 database = opened
                 break
@@ -591,16 +591,10 @@ public final class SQLiteLedger: AuditingLedger {
         }
     }
 
-    /// `PRAGMA synchronous` on the writing connection (1 = NORMAL: `WALSyncer` syncs each commit).
-    func synchronousLevel() async throws(LedgerError) -> Int {
-        try await writer.submit { db in try Int.fetchOne(db, sql: "PRAGMA synchronous") ?? -1 }
-    }
-
-    /// The writing connection's page size and `wal_autocheckpoint` (in pages), for tests.
-    func pageSizeAndAutocheckpoint() async throws(LedgerError) -> (pageSize: Int, autocheckpoint: Int) {
-        try await writer.submit { db in
-            (try Int.fetchOne(db, sql: "PRAGMA page_size") ?? -1, try Int.fetchOne(db, sql: "PRAGMA wal_autocheckpoint") ?? -1)
-        }
+    /// A pragma's value on the writing connection, read in the writer's turn (tests: e.g.
+    /// `synchronous` is 1, NORMAL, since `WALSyncer` syncs each commit).
+    func writerPragma(_ name: StaticString) async throws(LedgerError) -> Int {
+        try await writer.submit { db in try Int.fetchOne(db, sql: "PRAGMA \(name)") ?? -1 }
     }
 
     /// Its writer thread puts every write queued in one transaction.

@@ -25,7 +25,7 @@ struct SQLiteLedgerTests {
         let path = Self.temporaryPath()
         let gate = SyncGate()
         let ledger = try SQLiteLedger(path: path, syncWAL: { gate.sync($0) })
-        #expect(try await ledger.synchronousLevel() == 1)
+        #expect(try await ledger.writerPragma("synchronous") == 1)
         let syncedBefore = gate.syncs
         gate.hold()
         let answered = Mutex(false)
@@ -55,7 +55,7 @@ struct SQLiteLedgerTests {
         let path = Self.temporaryPath()
         let gate = SyncGate()
         let ledger = try SQLiteLedger(path: path, syncWAL: { gate.sync($0) })
-        _ = try await ledger.synchronousLevel()
+        _ = try await ledger.writerPragma("synchronous")
         let syncedBefore = gate.syncs
         gate.hold()
         let answeredA = Mutex(false), answeredB = Mutex(false)
@@ -95,7 +95,7 @@ struct SQLiteLedgerTests {
         _ = try await ledger.claim(Self.event(jti: "r"), outcome: .processed, steps: [])
         let syncs = gate.syncs
         #expect(await ledger.isReachable())
-        _ = try await ledger.synchronousLevel()
+        _ = try await ledger.writerPragma("synchronous")
         #expect(gate.syncs == syncs, "a read was synced")
         _ = try await ledger.auditHead()
         #expect(gate.syncs == syncs + 1, "an audit read did not wait for a sync")
@@ -143,7 +143,7 @@ struct SQLiteLedgerTests {
     /// read them (`/proc/…/task/…/comm`), not the name of the thread that opened the ledger.
     @Test func theLedgersThreadsAreNamedForTheKernel() async throws {
         let ledger = try SQLiteLedger(path: Self.temporaryPath())
-        _ = try await ledger.synchronousLevel()  // the writer has run
+        _ = try await ledger.writerPragma("synchronous")  // the writer has run
         func names() -> Set<String> {
             let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/task")) ?? []
             return Set(tasks.compactMap { try? String(contentsOfFile: "/proc/self/task/\($0)/comm", encoding: .utf8) }
@@ -163,16 +163,14 @@ struct SQLiteLedgerTests {
     @Test func newLedgersHaveSmallPagesAndTheWALStartsOverAtTheSameSize() async throws {
         let path = Self.temporaryPath()
         let ledger = try SQLiteLedger(path: path)
-        let fresh = try await ledger.pageSizeAndAutocheckpoint()
-        #expect(fresh.pageSize == 4096)
-        #expect(fresh.autocheckpoint == 65536)
+        #expect(try await ledger.writerPragma("page_size") == 4096)
+        #expect(try await ledger.writerPragma("wal_autocheckpoint") == 65536)
         await ledger.close()
         let older = Self.temporaryPath()
         _ = try await runProgram("/usr/bin/sqlite3", [older, "PRAGMA page_size = 16384; PRAGMA journal_mode = WAL; CREATE TABLE made_before (x);"])
         let reopened = try SQLiteLedger(path: older)
-        let kept = try await reopened.pageSizeAndAutocheckpoint()
-        #expect(kept.pageSize == 16384)
-        #expect(kept.autocheckpoint == 16384)
+        #expect(try await reopened.writerPragma("page_size") == 16384)
+        #expect(try await reopened.writerPragma("wal_autocheckpoint") == 16384)
         _ = try await reopened.claim(Self.event(jti: "after"), outcome: .processed, steps: [])
         #expect(try reopened.events().map(\.jti) == ["after"])
         await reopened.close()
