@@ -320,11 +320,31 @@ func bytesWritten(_ pid: String) -> Double? {
     return nil
 }
 
+/// A process's CPU seconds by thread, its threads grouped by the name the kernel shows
+/// (`/proc/PID/task/TID/comm`): the ledger's writer, its WAL copier and syncer, the signature
+/// checks, Swift's pool (the pipeline's tasks), librdkafka's threads, SwiftNIO's; the rest as
+/// "other". Read while the worker runs: a thread that has exited is not counted.
+func cpuSecondsByThread(_ pid: String) -> [(group: String, seconds: Double)] {
+    let groups = [("warden-ledger", "ledger writer"), ("warden-checkpts", "WAL copier"), ("warden-walsync", "WAL sync"),
+                  ("warden-verify", "verification"), ("qos", "tasks"), ("rdk:", "librdkafka"), ("NIO-", "SwiftNIO")]
+    var seconds: [String: Double] = [:]
+    let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []
+    for task in tasks {
+        guard let comm = try? String(contentsOfFile: "/proc/\(pid)/task/\(task)/comm", encoding: .utf8),
+              let cpu = cpuSeconds("\(pid)/task/\(task)") else { continue }
+        let group = groups.first { comm.contains($0.0) }?.1 ?? "other"
+        seconds[group, default: 0] += cpu
+    }
+    return (groups.map(\.1) + ["other"]).compactMap { group in seconds[group].map { (group, $0) } }
+}
+
 struct WorkerRun {
     /// Events per second from the first recorded event to the last.
     var rate: Double
     /// The worker's CPU time (all threads, start-up included) per event, seconds.
     var cpuPerEvent: Double?
+    /// The worker's CPU time per event by thread (`cpuSecondsByThread`), seconds.
+    var cpuPerEventByThread: [(group: String, seconds: Double)] = []
     /// The worker's bytes written (all write system calls, start-up included) per event.
     var bytesPerEvent: Double?
     /// This process's CPU per event meanwhile: the mock cluster serving the worker, and the
@@ -418,6 +438,7 @@ nonisolated func runWorker(_ path: String, run: Int) async throws -> WorkerRun {
         guard processed == count else { fatalError("\(processed) of \(count) events processed: the others' steps failed") }
     }
     let workerCPU = cpuSeconds("\(worker.processIdentifier)")
+    let workerThreads = cpuSecondsByThread("\(worker.processIdentifier)")
     let workerBytes = bytesWritten("\(worker.processIdentifier)")
     let clusterCPU = cpuSeconds("self").map { $0 - clusterCPUBefore }
     let metrics = scrapeMetrics()
@@ -428,9 +449,15 @@ nonisolated func runWorker(_ path: String, run: Int) async throws -> WorkerRun {
     var idle: Double? = nil
     if let a = idleAtFirst, let b = idleAtLast, b.total > a.total { idle = (b.idle - a.idle) / (b.total - a.total) }
     return WorkerRun(rate: Double(last.1 - n0) / last.0.timeIntervalSince(t0), cpuPerEvent: workerCPU.map { $0 / Double(count) },
+                     cpuPerEventByThread: workerThreads.map { ($0.group, $0.seconds / Double(count)) },
                      bytesPerEvent: workerBytes.map { $0 / Double(count) },
                      clusterCPUPerEvent: clusterCPU.map { $0 / Double(count) }, idle: idle,
                      pid: worker.processIdentifier, metrics: metrics)
+}
+
+/// "ledger writer 18.2 µs, verification 12.9 µs, …"
+func byThread(_ run: WorkerRun) -> String {
+    run.cpuPerEventByThread.map { "\($0.group) \(String(format: "%.1f", $0.seconds * 1e6)) µs" }.joined(separator: ", ")
 }
 
 func median(_ values: [Double]) -> Double {
@@ -455,6 +482,7 @@ if let compare = ProcessInfo.processInfo.environment["BENCH_COMPARE"] {
             let r = try await runWorker(build, run: run)
             results[b].append(r)
             print("round \(round) build \(b): \(Int(r.rate)) SETs/s, worker \(Int((r.cpuPerEvent ?? 0) * 1e6)) µs CPU and \(Int(r.bytesPerEvent ?? 0)) B written per event (pid \(r.pid))")
+            print("  \(byThread(r))")
         }
     }
     for (b, build) in builds.enumerated() {
@@ -488,6 +516,9 @@ if let redis {
 }
 if let cpu = result.cpuPerEvent {
     print("worker CPU time per event (whole run, start-up included): \(Int(cpu * 1e6)) µs; verification alone: \(Int(1e6 / verifyRate)) µs")
+}
+if !result.cpuPerEventByThread.isEmpty {
+    print("worker CPU time per event by thread: \(byThread(result))")
 }
 if let bytes = result.bytesPerEvent {
     print("worker bytes written per event (write system calls: the ledger's WAL and checkpoints, sockets): \(Int(bytes)) B")
