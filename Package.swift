@@ -40,6 +40,8 @@ let package = Package(
             name: "CWardenCrypto",
             linkerSettings: [.linkedLibrary("crypto")]
         ),
+        // Linux file calls Swift's Glibc module does not declare.
+        .target(name: "CWardenFiles"),
         .target(
             name: "SecurityEvents",
             dependencies: [.product(name: "Crypto", package: "swift-crypto")],
@@ -94,7 +96,7 @@ let package = Package(
         .target(
             name: "Ledger",
             dependencies: [
-                "SecurityEvents", "DatabaseLocations",
+                "SecurityEvents", "DatabaseLocations", "CWardenFiles",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "GRDBSQLite", package: "GRDB.swift"),
@@ -300,7 +302,7 @@ let package = Package(
         ),
         .testTarget(
             name: "LedgerTests",
-            dependencies: ["Ledger", "WardenTestSupport", "DatabaseLocations", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["Ledger", "CWardenFiles", "WardenTestSupport", "DatabaseLocations", .product(name: "Logging", package: "swift-log")],
             swiftSettings: testSettings
         ),
         .testTarget(

@@ -1,5 +1,6 @@
 import Foundation
 @testable import Ledger
+import CWardenFiles
 import Synchronization
 import Testing
 import WardenTestSupport
@@ -174,6 +175,34 @@ struct SQLiteLedgerTests {
         _ = try await reopened.claim(Self.event(jti: "after"), outcome: .processed, steps: [])
         #expect(try reopened.events().map(\.jti) == ["after"])
         await reopened.close()
+    }
+
+    /// The checkpoint thread sends the pages each pass copied to the disk, so the writer's own
+    /// checkpoint does not sync a WAL's worth of them at once; a pass that copied nothing sends
+    /// nothing.
+    @Test func checkpointsSendWhatTheyCopiedToTheDisk() async throws {
+        let path = Self.temporaryPath()
+        let sent = Mutex<[Int32]>([])
+        let ledger = try SQLiteLedger(path: path, syncWAL: { fdatasync($0) }, startWriteback: { fd in
+            sent.withLock { $0.append(fd) }
+            return warden_start_writeback(fd)
+        })
+        _ = try await ledger.record((0..<50).map { .event(Self.event(jti: "copied-\($0)"), outcome: .processed, steps: []) })
+        for _ in 0..<200 where sent.withLock({ $0.isEmpty }) { try await Task.sleep(for: .milliseconds(10)) }
+        let first = try #require(sent.withLock { $0.first })
+        // The descriptor is the database file's (not the WAL's).
+        var sentFile = stat(), databaseFile = stat()
+        #expect(fstat(first, &sentFile) == 0 && stat(path, &databaseFile) == 0)
+        #expect(sentFile.st_ino == databaseFile.st_ino)
+        // Idle (once a pass under way during the write has had its turn): passes copy nothing.
+        try await Task.sleep(for: .milliseconds(250))
+        let afterWrites = sent.withLock { $0.count }
+        try await Task.sleep(for: .milliseconds(350))
+        #expect(sent.withLock { $0.count } == afterWrites)
+        _ = try await ledger.claim(Self.event(jti: "later"), outcome: .processed, steps: [])
+        for _ in 0..<200 where sent.withLock({ $0.count }) == afterWrites { try await Task.sleep(for: .milliseconds(10)) }
+        #expect(sent.withLock { $0.count } > afterWrites)
+        await ledger.close()
     }
 
     /// A new event's token is kept apart from its row (which its outcome rewrites); events of

@@ -1,0 +1,7 @@
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include "CWardenFiles.h"
+
+int warden_start_writeback(int fd) {
+    return sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE);
+}
