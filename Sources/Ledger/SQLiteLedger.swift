@@ -18,7 +18,7 @@ public final class SQLiteLedger: AuditingLedger {
     let writer: BatchWriter
     /// The audit fields of events this ledger claimed with steps, until their outcome is recorded.
     let claimed = ClaimedEvents()
-    private let checkpointer: Checkpointer
+    let checkpointer: Checkpointer
     /// Reads for audits and replays, beside the writer (WAL: each sees what is committed).
     let reader: SQLiteLedgerReader
 
@@ -963,26 +963,23 @@ final class Checkpointer: Sendable {
     static let interval = DispatchTimeInterval.milliseconds(100)
 
     private let database: DatabaseQueue
-    /// The database file, opened apart to write back what each pass copied.
-    private let databaseFile: Int32
     private let closed = Atomic(false)
     private let wake = DispatchSemaphore(value: 0)
     private let exited = DispatchSemaphore(value: 0)
+    /// Passes made, whatever they copied (tests).
+    let passes = Atomic(0)
 
     /// `startWriteback`: starts writing the database file's dirty pages to the disk, without
     /// waiting (tests watch it); 0 on success.
     init(path: String, startWriteback: @escaping @Sendable (Int32) -> Int32 = { warden_start_writeback($0) }) throws(LedgerError) {
+        let databaseFile: Int32?
         do {
             var configuration = Configuration()
             configuration.busyMode = .immediateError
             database = try DatabaseQueue(path: path, configuration: configuration)
+            databaseFile = database.inDatabase { db in Self.descriptor(of: db, path: path) }
         } catch {
             throw LedgerError(.unavailable, "cannot open the SQLite ledger at \(path) for checkpoints: \(error)")
-        }
-        databaseFile = open(path, O_RDONLY | O_CLOEXEC)
-        guard databaseFile >= 0 else {
-            let code = errno
-            throw LedgerError(.unavailable, "cannot open the SQLite ledger at \(path) for checkpoints: \(String(cString: strerror(code)))")
         }
         let thread = Thread { [self] in
             nameThisThread("warden-checkpts")
@@ -991,19 +988,19 @@ final class Checkpointer: Sendable {
                 _ = wake.wait(timeout: .now() + Self.interval)
                 guard let pass = try? database.writeWithoutTransaction({ try $0.checkpoint(.passive) }) else { continue }
                 // SQLite syncs the database after a pass only if the pass reached the WAL's end,
-                // which under load it never does: the writer commits while it copies. The pages
-                // copied then stayed dirty in the page cache until the writer's checkpoint at
-                // 256 MiB synced them all at once (30–100 ms with 64,000 events acting), and no
-                // write committed meanwhile: up to 6 % of the steps' outcomes waited past 50 ms.
-                // Each pass's pages are sent to the disk here, without waiting, so the writer's
-                // sync finds only the last tenth of a second's (4–7 ms measured).
-                //
-                // Nothing rests on this: a write that fails is found again by SQLite's own sync of
-                // the file, and SQLite then keeps the WAL that holds those pages.
+                // which under load it never does: the writer commits while it copies. Left to the
+                // kernel's flusher, the copied pages stay dirty long enough for the writer's own
+                // checkpoint at 256 MiB to sync a WAL's worth of them at once, while no write
+                // commits. Their writeback is started here instead, after each pass that copied
+                // pages (SQLite's count of frames copied since the WAL began moved), so that
+                // sync finds little left. This is not a sync and nothing rests on it: it changes
+                // only when the kernel writes these pages, and a failure to write them is reported
+                // to SQLite's next sync of the file, as one of the flusher's would be.
                 if pass.checkpointedFrameCount != copied {
                     copied = pass.checkpointedFrameCount
-                    if copied > 0 { _ = startWriteback(databaseFile) }
+                    if copied > 0, let databaseFile { _ = startWriteback(databaseFile) }
                 }
+                passes.add(1, ordering: .relaxed)
             }
             exited.signal()
         }
@@ -1011,7 +1008,25 @@ final class Checkpointer: Sendable {
         thread.start()
     }
 
-    deinit { Glibc.close(databaseFile) }
+    /// The descriptor SQLite holds for the database file on this connection, or nil if it cannot
+    /// be told for sure.
+    ///
+    /// Not a descriptor of our own: on Linux, closing any descriptor of a file drops every lock
+    /// the process holds on it, SQLite's included, and another process could then take this
+    /// one's WAL for unused. SQLite's own stays open as long as this connection, which only the
+    /// checkpoint thread uses. SQLite hands out its file object (`SQLITE_FCNTL_FILE_POINTER`);
+    /// the unix VFS's object begins with three pointers and then the descriptor. The descriptor
+    /// read there is used only if it is open on the very file at `path` (same device and inode).
+    private static func descriptor(of db: Database, path: String) -> Int32? {
+        var file: UnsafeMutablePointer<sqlite3_file>? = nil
+        guard sqlite3_file_control(db.sqliteConnection, "main", SQLITE_FCNTL_FILE_POINTER, &file) == SQLITE_OK, let file,
+              file.pointee.pMethods != nil else { return nil }
+        let fd = UnsafeRawPointer(file).load(fromByteOffset: 3 * MemoryLayout<UnsafeRawPointer>.stride, as: Int32.self)
+        var held = stat(), named = stat()
+        guard fd >= 0, fstat(fd, &held) == 0, stat(path, &named) == 0,
+              held.st_dev == named.st_dev, held.st_ino == named.st_ino else { return nil }
+        return fd
+    }
 
     func close() async {
         closed.store(true, ordering: .releasing)

@@ -177,31 +177,40 @@ struct SQLiteLedgerTests {
         await reopened.close()
     }
 
-    /// The checkpoint thread sends the pages each pass copied to the disk, so the writer's own
-    /// checkpoint does not sync a WAL's worth of them at once; a pass that copied nothing sends
-    /// nothing.
-    @Test func checkpointsSendWhatTheyCopiedToTheDisk() async throws {
+    /// The checkpoint thread starts the writeback of the pages each pass copied (through
+    /// SQLite's own descriptor of the database file), so the writer's checkpoint does not sync a
+    /// WAL's worth of them at once; a pass that copied nothing starts none.
+    @Test func checkpointsStartTheWritebackOfWhatTheyCopied() async throws {
         let path = Self.temporaryPath()
-        let sent = Mutex<[Int32]>([])
+        let started = Mutex<[(fd: Int32, result: Int32)]>([])
         let ledger = try SQLiteLedger(path: path, syncWAL: { fdatasync($0) }, startWriteback: { fd in
-            sent.withLock { $0.append(fd) }
-            return warden_start_writeback(fd)
+            let result = warden_start_writeback(fd)
+            started.withLock { $0.append((fd, result)) }
+            return result
         })
+        let checkpointer = ledger.checkpointer
+        /// Waits for `count` more passes of the checkpoint thread.
+        func passesGo(_ count: Int) async throws {
+            let target = checkpointer.passes.load(ordering: .relaxed) + count
+            for _ in 0..<500 where checkpointer.passes.load(ordering: .relaxed) < target { try await Task.sleep(for: .milliseconds(10)) }
+            #expect(checkpointer.passes.load(ordering: .relaxed) >= target)
+        }
         _ = try await ledger.record((0..<50).map { .event(Self.event(jti: "copied-\($0)"), outcome: .processed, steps: []) })
-        for _ in 0..<200 where sent.withLock({ $0.isEmpty }) { try await Task.sleep(for: .milliseconds(10)) }
-        let first = try #require(sent.withLock { $0.first })
-        // The descriptor is the database file's (not the WAL's).
-        var sentFile = stat(), databaseFile = stat()
-        #expect(fstat(first, &sentFile) == 0 && stat(path, &databaseFile) == 0)
-        #expect(sentFile.st_ino == databaseFile.st_ino)
-        // Idle (once a pass under way during the write has had its turn): passes copy nothing.
-        try await Task.sleep(for: .milliseconds(250))
-        let afterWrites = sent.withLock { $0.count }
-        try await Task.sleep(for: .milliseconds(350))
-        #expect(sent.withLock { $0.count } == afterWrites)
+        try await passesGo(2)
+        let afterWrites = started.withLock { $0 }
+        #expect(!afterWrites.isEmpty)
+        #expect(afterWrites.allSatisfy { $0.result == 0 }, "sync_file_range: \(afterWrites.map(\.result))")
+        // The descriptor is open on the database file (not the WAL), and stays SQLite's: the
+        // ledger's locks on the file outlive every writeback.
+        var used = stat(), databaseFile = stat()
+        #expect(fstat(afterWrites[0].fd, &used) == 0 && stat(path, &databaseFile) == 0)
+        #expect(used.st_ino == databaseFile.st_ino)
+        // Idle, the passes copy nothing and start nothing.
+        try await passesGo(3)
+        #expect(started.withLock { $0.count } == afterWrites.count)
         _ = try await ledger.claim(Self.event(jti: "later"), outcome: .processed, steps: [])
-        for _ in 0..<200 where sent.withLock({ $0.count }) == afterWrites { try await Task.sleep(for: .milliseconds(10)) }
-        #expect(sent.withLock { $0.count } > afterWrites)
+        try await passesGo(2)
+        #expect(started.withLock { $0.count } > afterWrites.count)
         await ledger.close()
     }
 
