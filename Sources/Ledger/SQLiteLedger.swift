@@ -983,7 +983,7 @@ final class Checkpointer: Sendable {
         }
         let thread = Thread { [self] in
             nameThisThread("warden-checkpts")
-            var copied = 0
+            var copied = (frames: 0, copied: 0)
             while !closed.load(ordering: .acquiring) {
                 _ = wake.wait(timeout: .now() + Self.interval)
                 guard let pass = try? database.writeWithoutTransaction({ try $0.checkpoint(.passive) }) else { continue }
@@ -991,16 +991,17 @@ final class Checkpointer: Sendable {
                 // which under load it never does: the writer commits while it copies. Left to the
                 // kernel's flusher, the copied pages stay dirty long enough for the writer's own
                 // checkpoint at 256 MiB to sync a WAL's worth of them at once, while no write
-                // commits. Their writeback is started here instead, after each pass that copied
-                // pages (SQLite's count of frames copied since the WAL began moved), so that
-                // sync finds little left. This is not a sync and nothing rests on it: it changes
+                // commits. Their writeback is started here instead, after each pass that may
+                // have copied pages (the WAL's frames or SQLite's count of those copied moved),
+                // so that sync finds little left. This is not a sync and nothing rests on it: it changes
                 // only when the kernel writes these pages, and a failure to write them is reported
                 // to SQLite's next sync of the file, as one of the flusher's would be.
-                if pass.checkpointedFrameCount != copied {
-                    copied = pass.checkpointedFrameCount
-                    if copied > 0, let databaseFile { _ = startWriteback(databaseFile) }
+                let now = (frames: pass.walFrameCount, copied: pass.checkpointedFrameCount)
+                if now != copied {
+                    copied = now
+                    if now.copied > 0, let databaseFile { _ = startWriteback(databaseFile) }
                 }
-                passes.add(1, ordering: .relaxed)
+                passes.add(1, ordering: .releasing)
             }
             exited.signal()
         }
@@ -1011,17 +1012,27 @@ final class Checkpointer: Sendable {
     /// The descriptor SQLite holds for the database file on this connection, or nil if it cannot
     /// be told for sure.
     ///
-    /// Not a descriptor of our own: on Linux, closing any descriptor of a file drops every lock
-    /// the process holds on it, SQLite's included, and another process could then take this
-    /// one's WAL for unused. SQLite's own stays open as long as this connection, which only the
-    /// checkpoint thread uses. SQLite hands out its file object (`SQLITE_FCNTL_FILE_POINTER`);
-    /// the unix VFS's object begins with three pointers and then the descriptor. The descriptor
-    /// read there is used only if it is open on the very file at `path` (same device and inode).
+    /// Not a descriptor of our own: closing any descriptor of a file releases every POSIX lock
+    /// the process holds on it, SQLite's included. Another process closing its last connection
+    /// would then find no one else using the database, checkpoint it, and delete the WAL this
+    /// process still writes. SQLite's own descriptor stays open as long as this connection,
+    /// which only the checkpoint thread uses.
+    ///
+    /// SQLite hands out its file object (`SQLITE_FCNTL_FILE_POINTER`). Read only if the
+    /// connection's VFS is SQLite's unix one, whose file object begins with three pointers (its
+    /// methods, its VFS, its inode's lock record) and then the descriptor; and the descriptor
+    /// is used only if it is open on the very file at `path` (same device and inode).
     private static func descriptor(of db: Database, path: String) -> Int32? {
+        var vfs: UnsafeMutablePointer<sqlite3_vfs>? = nil
         var file: UnsafeMutablePointer<sqlite3_file>? = nil
-        guard sqlite3_file_control(db.sqliteConnection, "main", SQLITE_FCNTL_FILE_POINTER, &file) == SQLITE_OK, let file,
+        guard sqlite3_file_control(db.sqliteConnection, "main", SQLITE_FCNTL_VFS_POINTER, &vfs) == SQLITE_OK, let vfs,
+              let name = vfs.pointee.zName, String(cString: name).hasPrefix("unix"),
+              sqlite3_file_control(db.sqliteConnection, "main", SQLITE_FCNTL_FILE_POINTER, &file) == SQLITE_OK, let file,
               file.pointee.pMethods != nil else { return nil }
-        let fd = UnsafeRawPointer(file).load(fromByteOffset: 3 * MemoryLayout<UnsafeRawPointer>.stride, as: Int32.self)
+        let fields = UnsafeRawPointer(file)
+        let stride = MemoryLayout<UnsafeRawPointer>.stride
+        guard fields.load(fromByteOffset: stride, as: UnsafeRawPointer?.self) == UnsafeRawPointer(vfs) else { return nil }
+        let fd = fields.load(fromByteOffset: 3 * stride, as: Int32.self)
         var held = stat(), named = stat()
         guard fd >= 0, fstat(fd, &held) == 0, stat(path, &named) == 0,
               held.st_dev == named.st_dev, held.st_ino == named.st_ino else { return nil }

@@ -191,17 +191,16 @@ struct SQLiteLedgerTests {
         let checkpointer = ledger.checkpointer
         /// Waits for `count` more passes of the checkpoint thread.
         func passesGo(_ count: Int) async throws {
-            let target = checkpointer.passes.load(ordering: .relaxed) + count
-            for _ in 0..<500 where checkpointer.passes.load(ordering: .relaxed) < target { try await Task.sleep(for: .milliseconds(10)) }
-            #expect(checkpointer.passes.load(ordering: .relaxed) >= target)
+            let target = checkpointer.passes.load(ordering: .acquiring) + count
+            for _ in 0..<500 where checkpointer.passes.load(ordering: .acquiring) < target { try await Task.sleep(for: .milliseconds(10)) }
+            #expect(checkpointer.passes.load(ordering: .acquiring) >= target)
         }
         _ = try await ledger.record((0..<50).map { .event(Self.event(jti: "copied-\($0)"), outcome: .processed, steps: []) })
         try await passesGo(2)
         let afterWrites = started.withLock { $0 }
         #expect(!afterWrites.isEmpty)
         #expect(afterWrites.allSatisfy { $0.result == 0 }, "sync_file_range: \(afterWrites.map(\.result))")
-        // The descriptor is open on the database file (not the WAL), and stays SQLite's: the
-        // ledger's locks on the file outlive every writeback.
+        // The descriptor is open on the database file (not the WAL).
         var used = stat(), databaseFile = stat()
         #expect(fstat(afterWrites[0].fd, &used) == 0 && stat(path, &databaseFile) == 0)
         #expect(used.st_ino == databaseFile.st_ino)
