@@ -993,9 +993,9 @@ final class Checkpointer: Sendable {
                 // checkpoint at 256 MiB to sync a WAL's worth of them at once, while no write
                 // commits. Their writeback is started here instead, after each pass that may
                 // have copied pages (the WAL's frames or SQLite's count of those copied moved),
-                // so that sync finds little left. This is not a sync and nothing rests on it: it changes
-                // only when the kernel writes these pages, and a failure to write them is reported
-                // to SQLite's next sync of the file, as one of the flusher's would be.
+                // so that sync finds little left. This is not a sync and nothing rests on it: it
+                // changes only when the kernel writes these pages, and a failure to write them is
+                // reported to SQLite's next sync of the file, as one of the flusher's would be.
                 let now = (frames: pass.walFrameCount, copied: pass.checkpointedFrameCount)
                 if now != copied {
                     copied = now

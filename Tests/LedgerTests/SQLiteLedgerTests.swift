@@ -198,11 +198,11 @@ struct SQLiteLedgerTests {
         _ = try await ledger.record((0..<50).map { .event(Self.event(jti: "copied-\($0)"), outcome: .processed, steps: []) })
         try await passesGo(2)
         let afterWrites = started.withLock { $0 }
-        #expect(!afterWrites.isEmpty)
+        let first = try #require(afterWrites.first)
         #expect(afterWrites.allSatisfy { $0.result == 0 }, "sync_file_range: \(afterWrites.map(\.result))")
         // The descriptor is open on the database file (not the WAL).
         var used = stat(), databaseFile = stat()
-        #expect(fstat(afterWrites[0].fd, &used) == 0 && stat(path, &databaseFile) == 0)
+        #expect(fstat(first.fd, &used) == 0 && stat(path, &databaseFile) == 0)
         #expect(used.st_ino == databaseFile.st_ino)
         // Idle, the passes copy nothing and start nothing.
         try await passesGo(3)
