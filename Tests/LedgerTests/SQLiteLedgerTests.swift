@@ -213,6 +213,35 @@ struct SQLiteLedgerTests {
         await ledger.close()
     }
 
+    /// Two ledgers of one process on one file: closing one leaves the other's locks on the file
+    /// (SQLite keeps a lock on a database in WAL mode while a connection has it open; another
+    /// process closing its last connection would otherwise take the file for unused and delete
+    /// the WAL). Closing any descriptor of the file would release every lock the process holds
+    /// on it, so the ledger never closes one SQLite does not manage.
+    @Test func closingOneLedgerLeavesAnotherOnTheSameFileItsLocks() async throws {
+        let path = Self.temporaryPath()
+        var file = stat()
+        func locksHeld() -> Int {
+            let table = (try? String(contentsOfFile: "/proc/locks", encoding: .utf8)) ?? ""
+            let inode = ":\(file.st_ino) "
+            return table.split(separator: "\n").filter { $0.contains("POSIX") && $0.contains(" \(getpid()) ") && $0.contains(inode) }.count
+        }
+        let kept = try SQLiteLedger(path: path)
+        _ = try await kept.claim(Self.event(jti: "kept"), outcome: .processed, steps: [])
+        #expect(stat(path, &file) == 0)
+        do {
+            let closed = try SQLiteLedger(path: path)
+            _ = try await closed.claim(Self.event(jti: "closed"), outcome: .processed, steps: [])
+            for _ in 0..<50 where closed.checkpointer.passes.load(ordering: .acquiring) < 2 { try await Task.sleep(for: .milliseconds(20)) }
+            #expect(locksHeld() > 0)
+            await closed.close()
+        }
+        try await Task.sleep(for: .milliseconds(50))
+        #expect(locksHeld() > 0, "no lock of this process left on the ledger")
+        _ = try await kept.claim(Self.event(jti: "after"), outcome: .processed, steps: [])
+        await kept.close()
+    }
+
     /// A new event's token is kept apart from its row (which its outcome rewrites); events of
     /// a ledger written before that keep theirs in the row, and both read back whole.
     @Test func tokensOfEventsRecordedBeforeAndAfterTheyMovedToATableOfTheirOwn() async throws {
