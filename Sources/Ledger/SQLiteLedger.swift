@@ -970,8 +970,8 @@ final class Checkpointer: Sendable {
     let passes = Atomic(0)
 
     /// `startWriteback`: starts writing the database file's dirty pages to the disk, without
-    /// waiting (tests watch it); 0 on success.
-    init(path: String, startWriteback: @escaping @Sendable (Int32) -> Int32 = { warden_start_writeback($0) }) throws(LedgerError) {
+    /// waiting; 0 on success.
+    init(path: String, startWriteback: @escaping @Sendable (Int32) -> Int32) throws(LedgerError) {
         let databaseFile: Int32?
         do {
             var configuration = Configuration()
@@ -983,7 +983,7 @@ final class Checkpointer: Sendable {
         }
         let thread = Thread { [self] in
             nameThisThread("warden-checkpts")
-            var copied = (frames: 0, copied: 0)
+            var seen = (frames: 0, copied: 0)
             while !closed.load(ordering: .acquiring) {
                 _ = wake.wait(timeout: .now() + Self.interval)
                 guard let pass = try? database.writeWithoutTransaction({ try $0.checkpoint(.passive) }) else { continue }
@@ -997,8 +997,8 @@ final class Checkpointer: Sendable {
                 // changes only when the kernel writes these pages, and a failure to write them is
                 // reported to SQLite's next sync of the file, as one of the flusher's would be.
                 let now = (frames: pass.walFrameCount, copied: pass.checkpointedFrameCount)
-                if now != copied {
-                    copied = now
+                if now != seen {
+                    seen = now
                     if now.copied > 0, let databaseFile { _ = startWriteback(databaseFile) }
                 }
                 passes.add(1, ordering: .releasing)

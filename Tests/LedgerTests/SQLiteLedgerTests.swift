@@ -177,6 +177,36 @@ struct SQLiteLedgerTests {
         await reopened.close()
     }
 
+    /// Waits for `count` more passes of `ledger`'s checkpoint thread.
+    static func waitForPasses(_ count: Int, of ledger: SQLiteLedger) async throws {
+        let checkpointer = ledger.checkpointer
+        let target = checkpointer.passes.load(ordering: .acquiring) + count
+        for _ in 0..<500 where checkpointer.passes.load(ordering: .acquiring) < target { try await Task.sleep(for: .milliseconds(10)) }
+        #expect(checkpointer.passes.load(ordering: .acquiring) >= target)
+    }
+
+    /// A writeback that fails changes nothing the ledger answers for: every write is still
+    /// answered once its WAL is synced, and the events are all there when the file is opened again.
+    @Test func aWritebackThatFailsLosesNothing() async throws {
+        let path = Self.temporaryPath()
+        let failed = Mutex(0)
+        let ledger = try SQLiteLedger(path: path, syncWAL: { fdatasync($0) }, startWriteback: { _ in
+            failed.withLock { $0 += 1 }
+            errno = EIO
+            return -1
+        })
+        for write in 0..<3 {
+            _ = try await ledger.record((0..<20).map { .event(Self.event(jti: "w\(write)-\($0)"), outcome: .processed, steps: []) })
+            try await Self.waitForPasses(2, of: ledger)
+        }
+        #expect(failed.withLock { $0 } > 0)
+        await ledger.close()
+        let reopened = try SQLiteLedger(path: path)
+        #expect(try reopened.events().count == 60)
+        #expect(try await reopened.checkAuditChain() == .intact(count: 60, seq: 60, head: try await reopened.auditHead().hash))
+        await reopened.close()
+    }
+
     /// The checkpoint thread starts the writeback of the pages each pass copied (through
     /// SQLite's own descriptor of the database file), so the writer's checkpoint does not sync a
     /// WAL's worth of them at once; a pass that copied nothing starts none.
@@ -188,13 +218,7 @@ struct SQLiteLedgerTests {
             started.withLock { $0.append((fd, result)) }
             return result
         })
-        let checkpointer = ledger.checkpointer
-        /// Waits for `count` more passes of the checkpoint thread.
-        func passesGo(_ count: Int) async throws {
-            let target = checkpointer.passes.load(ordering: .acquiring) + count
-            for _ in 0..<500 where checkpointer.passes.load(ordering: .acquiring) < target { try await Task.sleep(for: .milliseconds(10)) }
-            #expect(checkpointer.passes.load(ordering: .acquiring) >= target)
-        }
+        func passesGo(_ count: Int) async throws { try await Self.waitForPasses(count, of: ledger) }
         _ = try await ledger.record((0..<50).map { .event(Self.event(jti: "copied-\($0)"), outcome: .processed, steps: []) })
         try await passesGo(2)
         let afterWrites = started.withLock { $0 }
@@ -232,7 +256,7 @@ struct SQLiteLedgerTests {
         do {
             let closed = try SQLiteLedger(path: path)
             _ = try await closed.claim(Self.event(jti: "closed"), outcome: .processed, steps: [])
-            for _ in 0..<50 where closed.checkpointer.passes.load(ordering: .acquiring) < 2 { try await Task.sleep(for: .milliseconds(20)) }
+            try await Self.waitForPasses(2, of: closed)
             #expect(locksHeld() > 0)
             await closed.close()
         }
