@@ -40,8 +40,9 @@ let package = Package(
             name: "CWardenCrypto",
             linkerSettings: [.linkedLibrary("crypto")]
         ),
-        // Linux file calls Swift's Glibc module does not declare.
-        .target(name: "CWardenFiles"),
+        // Linux file calls Swift's Glibc module does not declare, and the SQLite VFS that
+        // gathers the ledger writer's WAL writes into one per commit.
+        .target(name: "CWardenFiles", linkerSettings: [.linkedLibrary("sqlite3")]),
         .target(
             name: "SecurityEvents",
             dependencies: [.product(name: "Crypto", package: "swift-crypto")],

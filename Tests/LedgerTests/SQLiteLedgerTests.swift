@@ -266,6 +266,181 @@ struct SQLiteLedgerTests {
         await kept.close()
     }
 
+    static func events(_ prefix: String, count: Int, tokenBytes: Int) -> [LedgerEntry] {
+        (0..<count).map { i in
+            var event = Self.event(jti: "\(prefix)-\(i)")
+            event.token = String(repeating: "t", count: tokenBytes)
+            return .event(event, outcome: .processed, steps: [])
+        }
+    }
+
+    static func integrity(_ reader: SQLiteLedgerReader) throws -> [String] {
+        try reader.read { try String.fetchAll($0, sql: "PRAGMA integrity_check") }
+    }
+
+    /// The ledger's database and WAL copied as a crash would leave them (without the WAL's
+    /// index, which SQLite then rebuilds from the WAL's own frames and checksums), and `sql`'s
+    /// answer there.
+    static func recovered(_ path: String, _ sql: String) async throws -> String {
+        let copy = try Scratch.directory("recovered").appendingPathComponent("ledger.sqlite").path
+        try FileManager.default.copyItem(atPath: path, toPath: copy)
+        try FileManager.default.copyItem(atPath: path + "-wal", toPath: copy + "-wal")
+        return try await runProgram("/usr/bin/sqlite3", [copy, sql])
+    }
+
+    /// The writer's WAL writes reach the file as one write for each 124 KiB of a commit (SQLite
+    /// makes two a frame), the last with the commit's last frame (not left for when SQLite
+    /// publishes it); and the writer, which names the file in a URI, opens it at its very path
+    /// whatever characters the path holds.
+    @Test func aCommitsWALWritesAreGathered() async throws {
+        let directory = try Scratch.directory("ledger").appendingPathComponent("a ?#%&=;+ b")
+        let path = directory.appendingPathComponent("ledger.sqlite").path
+        let ledger = try SQLiteLedger(path: path)
+        #expect(ledger.gathersWALWrites)
+        #expect(FileManager.default.fileExists(atPath: path))
+        let before = try #require(ledger.walCounts())
+        _ = try await ledger.record(Self.events("one-write", count: 200, tokenBytes: 1500))
+        let after = try #require(ledger.walCounts())
+        // 200 events with tokens of 1.5 KB fill more than 75 pages: SQLite made two writes for each.
+        let received = after.received - before.received, made = after.made - before.made
+        #expect(received >= 150)
+        // About 500 KB: one write for each 124 KiB, and one more when the WAL starts over (its
+        // new header is synced before the frames).
+        #expect(made <= 6, "\(made) writes for \(received) from SQLite")
+        #expect(after.late == before.late, "a commit's last bytes were written only when it was published")
+        #expect(try ledger.reader.eventCount() == 200)
+        #expect(try Self.integrity(ledger.reader) == ["ok"])
+        // The commit is in the WAL file itself.
+        #expect(try await Self.recovered(path, "SELECT count(*) FROM events") == "200")
+        await ledger.close()
+        let beside = try FileManager.default.contentsOfDirectory(atPath: directory.path).filter { !$0.hasPrefix("ledger.sqlite") }
+        #expect(beside.isEmpty, "files made beside the ledger: \(beside)")
+    }
+
+    /// A commit whose write fails is refused to its caller and never reaches the WAL later
+    /// (SQLite reads and releases its locks after the failure; a recovery of the WAL would take
+    /// a whole commit written then for a good one), and the ledger goes on.
+    @Test func aCommitWhoseWriteFailsNeverReachesTheWAL() async throws {
+        let path = Self.temporaryPath()
+        let ledger = try SQLiteLedger(path: path)
+        _ = try await ledger.record(Self.events("before", count: 50, tokenBytes: 1000))
+        // Small enough to be gathered whole: the write that fails holds the commit frame.
+        ledger.failWALWrites(1)
+        await #expect(throws: LedgerError.self) {
+            _ = try await ledger.record(Self.events("failed", count: 10, tokenBytes: 1000))
+        }
+        let counted = "SELECT count(*) FILTER (WHERE jti LIKE 'before-%'), count(*) FILTER (WHERE jti LIKE 'failed-%'), count(*) FILTER (WHERE jti LIKE 'after-%') FROM events"
+        #expect(try await Self.recovered(path, counted) == "50|0|0")
+        _ = try await ledger.record(Self.events("after", count: 50, tokenBytes: 1000))
+        #expect(try await Self.recovered(path, counted) == "50|0|50")
+        #expect(try ledger.reader.eventCount() == 100)
+        #expect(try Self.integrity(ledger.reader) == ["ok"])
+        await ledger.close()
+    }
+
+    /// A transaction larger than the page cache spills pages into the WAL before it commits,
+    /// then writes some of them again in place, and rewrites the frames' checksums at its
+    /// commit: those writes go to the file at once, after what is gathered, and the commit is
+    /// whole in the file.
+    @Test func pagesRewrittenWithinATransactionGoStraightToTheFile() async throws {
+        let path = Self.temporaryPath()
+        let ledger = try SQLiteLedger(path: path)
+        let before = try #require(ledger.walCounts())
+        try await ledger.writer.submit { db in
+            try db.execute(sql: "PRAGMA cache_size = 4")
+            defer { try? db.execute(sql: "PRAGMA cache_size = -65536") }
+            try db.execute(sql: "CREATE TABLE spilled (id INTEGER PRIMARY KEY, body TEXT NOT NULL)")
+            for i in 0..<2000 { try db.execute(sql: "INSERT INTO spilled (body) VALUES (?)", arguments: [String(repeating: "s", count: 300) + "\(i)"]) }
+            try db.execute(sql: "UPDATE spilled SET body = body || 'x' WHERE id % 7 = 0")
+        }
+        let after = try #require(ledger.walCounts())
+        #expect(after.rewrites > before.rewrites, "no page was rewritten in place: the test did not spill")
+        #expect(try ledger.reader.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM spilled WHERE body LIKE '%x'") } == 285)
+        #expect(try Self.integrity(ledger.reader) == ["ok"])
+        #expect(try await Self.recovered(path, "SELECT count(*), sum(body LIKE '%x') FROM spilled") == "2000|285")
+        _ = try await ledger.record(Self.events("after", count: 20, tokenBytes: 500))
+        #expect(try await Self.recovered(path, "SELECT count(*) FROM events") == "20")
+        await ledger.close()
+    }
+
+    /// Another connection reading while the writer commits sees each commit whole: a commit's
+    /// frames are in the WAL before SQLite publishes it in the WAL index. Each claim writes its
+    /// event, its token and its audit record in one transaction; a reader that took frames for
+    /// written before they were would count them apart, or find the file malformed.
+    @Test func readersSeeEveryCommitWhole() async throws {
+        let path = Self.temporaryPath()
+        let ledger = try SQLiteLedger(path: path)
+        let reader = try SQLiteLedgerReader(path: path)
+        final class Progress: Sendable {
+            let done = Atomic(false)
+            let reads = Atomic(0)
+            let failures = Mutex<[String]>([])
+            let stopped = DispatchSemaphore(value: 0)
+        }
+        let progress = Progress()
+        // On a thread of its own: its reads block, and must not hold one of the few threads of
+        // Swift's pool that every other test shares.
+        Thread {
+            while !progress.done.load(ordering: .acquiring), progress.failures.withLock({ $0.count }) < 5 {
+                do {
+                    let (events, records, bytes) = try reader.read { db in
+                        (try Int.fetchOne(db, sql: "SELECT count(*) FROM events") ?? -1,
+                         try Int.fetchOne(db, sql: "SELECT count(*) FROM audit_records") ?? -1,
+                         try Int.fetchOne(db, sql: "SELECT coalesce(sum(length(token)), 0) FROM event_tokens") ?? -1)
+                    }
+                    if records != events || bytes != events * 1000 {
+                        progress.failures.withLock { $0.append("\(events) events, \(records) audit records, \(bytes) bytes of tokens") }
+                    }
+                } catch {
+                    progress.failures.withLock { $0.append("\(error)") }
+                }
+                progress.reads.add(1, ordering: .relaxed)
+            }
+            progress.stopped.signal()
+        }.start()
+        var batch = 0
+        while batch < 100 || progress.reads.load(ordering: .relaxed) < 200, batch < 2000 {
+            _ = try await ledger.record(Self.events("read-\(batch)", count: 40, tokenBytes: 1000))
+            batch += 1
+        }
+        progress.done.store(true, ordering: .releasing)
+        await progress.stopped.waitOffThePool()
+        let failures = progress.failures.withLock { $0 }
+        #expect(failures.isEmpty, "\(failures)")
+        #expect(progress.reads.load(ordering: .relaxed) >= 200)
+        #expect(try reader.eventCount() == batch * 40)
+        #expect(try Self.integrity(reader) == ["ok"])
+        await ledger.close()
+    }
+
+    /// Two ledgers on one file (two writers, each gathering its WAL writes) and another process
+    /// writing at once: a commit is in the WAL before its writer lets another take the write
+    /// lock, so the file stays whole, holds every event once, and its audit chain is intact.
+    @Test func writersOnOneFileKeepItWhole() async throws {
+        let path = Self.temporaryPath()
+        let first = try SQLiteLedger(path: path), second = try SQLiteLedger(path: path)
+        #expect(first.gathersWALWrites && second.gathersWALWrites)
+        let script = ["CREATE TABLE IF NOT EXISTS other_process (n INTEGER);"]
+            + (0..<200).map { "INSERT INTO other_process VALUES (\($0));" }
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for (name, ledger) in [("first", first), ("second", second)] {
+                group.addTask {
+                    for batch in 0..<50 { _ = try await ledger.record(Self.events("\(name)-\(batch)", count: 20, tokenBytes: 800)) }
+                }
+            }
+            group.addTask { _ = try await runProgram("/usr/bin/sqlite3", ["-cmd", ".timeout 20000", path, script.joined(separator: "\n")]) }
+            try await group.waitForAll()
+        }
+        #expect(try first.reader.eventCount() == 2000)
+        #expect(try first.reader.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM other_process") } == 200)
+        #expect(try Self.integrity(first.reader) == ["ok"])
+        let head = try await second.auditHead()
+        #expect(try await first.checkAuditChain() == .intact(count: 2000, seq: head.seq, head: head.hash))
+        #expect(try await Self.recovered(path, "SELECT count(*) FROM events") == "2000")
+        await first.close()
+        await second.close()
+    }
+
     /// A new event's token is kept apart from its row (which its outcome rewrites); events of
     /// a ledger written before that keep theirs in the row, and both read back whole.
     @Test func tokensOfEventsRecordedBeforeAndAfterTheyMovedToATableOfTheirOwn() async throws {

@@ -6,4 +6,40 @@
 /// does not declare). 0, or -1 with errno set.
 int warden_start_writeback(int fd);
 
+struct sqlite3;
+
+/// The name of the SQLite VFS that gathers a linked WAL's writes into one per commit (over the
+/// unix VFS; see wal_vfs.c).
+#define WARDEN_WAL_VFS "warden-wal"
+
+/// Registers that VFS (once; not as the default). SQLITE_OK once registered.
+int warden_wal_vfs_register(void);
+
+/// Links a connection opened with that VFS to its open WAL, whose writes are then gathered.
+/// 1 if linked; 0 if the connection's files are not that VFS's or its WAL is not open. Called on
+/// the connection's own thread, outside any statement.
+int warden_wal_link(struct sqlite3 *db);
+
+/// What became of a linked WAL's writes.
+typedef struct {
+    /// Writes SQLite made.
+    long long received;
+    /// Writes that went to the file.
+    long long made;
+    /// Gathered bytes written only when SQLite published frames or changed a lock (a commit's
+    /// go to the file with its last frame).
+    long long late;
+    /// Writes over bytes their transaction had written (rewritten pages and checksums).
+    long long rewrites;
+    /// Bytes of transactions that did not commit, dropped.
+    long long dropped;
+} WardenWALCounts;
+
+/// A connection's linked WAL's counts. 1, or 0 if the connection has no linked WAL.
+int warden_wal_counts(struct sqlite3 *db, WardenWALCounts *counts);
+
+/// Tests: the next `count` writes to a connection's linked WAL fail with `code`, writing
+/// nothing. 1, or 0 if the connection has no linked WAL.
+int warden_wal_fail_writes(struct sqlite3 *db, int count, int code);
+
 #endif
