@@ -63,9 +63,11 @@ struct AuditTrailTests {
         let detail = "purged\u{0}2 «é»"
         let step = [OutboxStep(index: 0, kind: "purge-set", action: "{}")]
         func finish(_ ledger: SQLiteLedger, _ id: Int64) async throws {
+            // Attempts recorded while the step was still pending count too.
+            let tried = try await ledger.recordSteps([RecordedStep(eventID: id, index: 0, status: .pending, detail: "busy", attempts: 2)])
             let written = try await ledger.recordSteps([RecordedStep(eventID: id, index: 0, status: .failed, detail: detail,
                                                                      finishing: .failed, attempts: 3)])
-            #expect(written.refusals.allSatisfy { $0 == nil })
+            #expect((tried.refusals + written.refusals).allSatisfy { $0 == nil })
         }
         let first = try SQLiteLedger(path: path)
         guard case .new(let own) = try await first.claim(E.event(jti: "own"), outcome: .pending, steps: step),
@@ -84,7 +86,7 @@ struct AuditTrailTests {
         #expect(alike(records[0]) == alike(records[1]))
         let only = try #require(records[0]["steps"]?.arrayValue?.first?.objectValue)
         #expect(only["kind"]?.stringValue == "purge-set" && only["status"]?.stringValue == "failed")
-        #expect(only["detail"]?.stringValue == detail && only["attempts"]?.numberValue == 3 && only["index"]?.numberValue == 0)
+        #expect(only["detail"]?.stringValue == detail && only["attempts"]?.numberValue == 5 && only["index"]?.numberValue == 0)
         #expect(try await second.checkAuditChain() == .intact(count: 2, seq: 2, head: try await second.auditHead().hash))
         await second.close()
     }
