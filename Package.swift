@@ -303,7 +303,8 @@ let package = Package(
         ),
         .testTarget(
             name: "LedgerTests",
-            dependencies: ["Ledger", "CWardenFiles", "WardenTestSupport", "DatabaseLocations", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["Ledger", "CWardenFiles", "WardenTestSupport", "DatabaseLocations", .product(name: "Logging", package: "swift-log"),
+                           .product(name: "GRDB", package: "GRDB.swift"), .product(name: "GRDBSQLite", package: "GRDB.swift")],
             swiftSettings: testSettings
         ),
         .testTarget(

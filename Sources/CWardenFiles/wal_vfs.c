@@ -24,9 +24,9 @@
 // What is still gathered when the write lock is released belongs to a transaction that did not
 // commit (a commit's bytes went to the file before it was published), and is dropped: nothing
 // of a transaction reaches the file once another writer may have the lock. A write that fails
-// drops what was gathered, and every later write of the transaction fails too: a failed
-// transaction's frames never reach the file later, where a recovery of the WAL would take a
-// whole commit among them for one.
+// drops what was gathered, and every later write of the transaction fails too (and every read
+// of what it wrote): a failed transaction's frames never reach the file later, where a
+// recovery of the WAL would take a whole commit among them for one.
 
 #include <sqlite3.h>
 #include <pthread.h>
@@ -56,7 +56,9 @@ struct WardenFile {
     int length;
     /// The last write was a commit frame's header: its page completes the commit.
     int commitFrameOpen;
-    /// Where the bytes the current transaction wrote end (it began when the write lock was taken).
+    /// Where the bytes the current transaction wrote begin (-1 before its first write) and end
+    /// (it began when the write lock was taken).
+    sqlite3_int64 first;
     sqlite3_int64 written;
     /// A write of the current transaction failed with this code; 0 if none.
     int failed;
@@ -83,6 +85,7 @@ static int writeOut(WardenFile *wal, const void *data, int amount, sqlite3_int64
     }
     if (rc != SQLITE_OK) {
         wal->failed = rc;
+        wal->counts.dropped += wal->length;
         wal->length = 0;
         wal->commitFrameOpen = 0;
     }
@@ -103,8 +106,15 @@ static void startTransaction(WardenFile *wal) {
     wal->counts.dropped += wal->length;
     wal->length = 0;
     wal->commitFrameOpen = 0;
+    wal->first = -1;
     wal->written = 0;
     wal->failed = 0;
+}
+
+// Where the transaction's writes reach: a write, gathered or made.
+static void extend(WardenFile *wal, sqlite3_int64 offset, sqlite3_int64 end) {
+    if (wal->first < 0 || offset < wal->first) wal->first = offset;
+    if (end > wal->written) wal->written = end;
 }
 
 // Before another call on the file: what is gathered goes first.
@@ -134,7 +144,11 @@ static int wClose(sqlite3_file *file) {
 }
 
 static int wRead(sqlite3_file *file, void *data, int amount, sqlite3_int64 offset) {
-    int rc = settle((WardenFile *)file);
+    WardenFile *f = (WardenFile *)file;
+    // After a failed write, what the transaction wrote may not be in the file: SQLite may go on
+    // after some failures (a statement's), and must not read older bytes for its frames.
+    if (f->failed && f->first >= 0 && offset + amount > f->first) return f->failed;
+    int rc = settle(f);
     if (rc != SQLITE_OK) return rc;
     return REAL(file)->pMethods->xRead(REAL(file), data, amount, offset);
 }
@@ -150,20 +164,20 @@ static int wWrite(sqlite3_file *file, const void *data, int amount, sqlite3_int6
         // Over bytes this transaction wrote: after what is gathered, at once.
         if ((rc = flushGathered(f)) != SQLITE_OK) return rc;
         if (end <= f->written) f->counts.rewrites++;
-        if (end > f->written) f->written = end;
+        extend(f, offset, end);
         return writeOut(f, data, amount, offset);
     }
     if (f->length > 0 && (offset != f->start + f->length || amount > GATHERED_BYTES - f->length)) {
         if ((rc = flushGathered(f)) != SQLITE_OK) return rc;
     }
     if (!f->gathered && !(f->gathered = sqlite3_malloc(GATHERED_BYTES))) {
-        if (end > f->written) f->written = end;
+        extend(f, offset, end);
         return writeOut(f, data, amount, offset);
     }
     if (f->length == 0) f->start = offset;
     memcpy(f->gathered + f->length, data, (size_t)amount);
     f->length += amount;
-    if (end > f->written) f->written = end;
+    extend(f, offset, end);
     if (f->commitFrameOpen) {
         f->commitFrameOpen = 0;
         return flushGathered(f);
@@ -294,6 +308,7 @@ static int vOpen(sqlite3_vfs *vfs, sqlite3_filename name, sqlite3_file *file, in
     WardenFile *f = (WardenFile *)file;
     memset(f, 0, sizeof *f);
     f->real = (sqlite3_file *)((char *)f + ROUND8(sizeof(WardenFile)));
+    f->first = -1;
     int rc = INNER->xOpen(INNER, name, f->real, flags, outFlags);
     if (f->real->pMethods == NULL) {
         f->base.pMethods = NULL;

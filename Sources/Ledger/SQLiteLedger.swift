@@ -77,8 +77,11 @@ public final class SQLiteLedger: AuditingLedger {
                     let pageSize = try Int.fetchOne(db, sql: "PRAGMA page_size") ?? 4096
                     try db.execute(sql: "PRAGMA wal_autocheckpoint = \((256 << 20) / pageSize)")
                 }
-                // The WAL is open once the migrations have read the schema.
-                gathersWALWrites = opened.inDatabase { warden_wal_link($0.sqliteConnection) } == 1
+                // The WAL is open once the migrations have read the schema. Linked only in the
+                // normal locking mode, in which each transaction takes the WAL's write lock.
+                gathersWALWrites = try opened.inDatabase { db in
+                    try String.fetchOne(db, sql: "PRAGMA locking_mode") == "normal" && warden_wal_link(db.sqliteConnection) == 1
+                }
                 database = opened
                 break
             } catch is DatabaseError where attempt < 100 {

@@ -1,6 +1,8 @@
 import Foundation
 @testable import Ledger
 import CWardenFiles
+import GRDB
+import GRDBSQLite
 import Synchronization
 import Testing
 import WardenTestSupport
@@ -321,23 +323,66 @@ struct SQLiteLedgerTests {
         #expect(beside.isEmpty, "files made beside the ledger: \(beside)")
     }
 
-    /// A commit whose write fails is refused to its caller and never reaches the WAL later
+    /// A commit whose write fails is refused to its caller and is not written to the WAL later
     /// (SQLite reads and releases its locks after the failure; a recovery of the WAL would take
     /// a whole commit written then for a good one), and the ledger goes on.
     @Test func aCommitWhoseWriteFailsNeverReachesTheWAL() async throws {
         let path = Self.temporaryPath()
         let ledger = try SQLiteLedger(path: path)
+        // A reader holding its snapshot from before the next commits keeps the checkpoints from
+        // copying them, and so the WAL from starting over: the write that fails is then the
+        // commit's gathered frames, not a new WAL header.
+        var held = Configuration()
+        held.allowsUnsafeTransactions = true
+        let pin = try DatabaseQueue(path: path, configuration: held)
+        try pin.inDatabase { db in
+            try db.execute(sql: "BEGIN")
+            _ = try Int.fetchOne(db, sql: "SELECT count(*) FROM events")
+        }
         _ = try await ledger.record(Self.events("before", count: 50, tokenBytes: 1000))
+        let before = try #require(ledger.walCounts())
         // Small enough to be gathered whole: the write that fails holds the commit frame.
         ledger.failWALWrites(1)
         await #expect(throws: LedgerError.self) {
             _ = try await ledger.record(Self.events("failed", count: 10, tokenBytes: 1000))
         }
+        let after = try #require(ledger.walCounts())
+        #expect(after.made - before.made == 1)
+        #expect(after.dropped - before.dropped > 10_000, "the write that failed did not hold the commit's frames")
         let counted = "SELECT count(*) FILTER (WHERE jti LIKE 'before-%'), count(*) FILTER (WHERE jti LIKE 'failed-%'), count(*) FILTER (WHERE jti LIKE 'after-%') FROM events"
         #expect(try await Self.recovered(path, counted) == "50|0|0")
         _ = try await ledger.record(Self.events("after", count: 50, tokenBytes: 1000))
         #expect(try await Self.recovered(path, counted) == "50|0|50")
+        try pin.inDatabase { try $0.execute(sql: "COMMIT") }
         #expect(try ledger.reader.eventCount() == 100)
+        #expect(try Self.integrity(ledger.reader) == ["ok"])
+        await ledger.close()
+    }
+
+    /// A write that fails in the middle of a transaction (SQLite spilling pages) fails the rest
+    /// of it, even if the caller goes on: its commit is refused, nothing of it is in the WAL,
+    /// and the next transaction is written as usual.
+    @Test func aWriteThatFailsMidTransactionFailsTheTransaction() async throws {
+        let path = Self.temporaryPath()
+        let ledger = try SQLiteLedger(path: path)
+        let before = try #require(ledger.walCounts())
+        await #expect(throws: LedgerError.self) {
+            try await ledger.writer.submit { db in
+                try db.execute(sql: "PRAGMA cache_size = 4")
+                defer { try? db.execute(sql: "PRAGMA cache_size = -65536") }
+                try db.execute(sql: "CREATE TABLE failed_spill (id INTEGER PRIMARY KEY, body TEXT NOT NULL)")
+                warden_wal_fail_writes(db.sqliteConnection, 1, SQLITE_IOERR | (3 << 8))
+                // Every failure passed over: only the commit's own answer counts.
+                for i in 0..<2000 {
+                    try? db.execute(sql: "INSERT INTO failed_spill (body) VALUES (?)", arguments: [String(repeating: "f", count: 300) + "\(i)"])
+                }
+            }
+        }
+        let after = try #require(ledger.walCounts())
+        #expect(after.dropped > before.dropped, "no write failed")
+        _ = try await ledger.record(Self.events("after", count: 20, tokenBytes: 500))
+        #expect(try await Self.recovered(path, "SELECT count(*) FROM sqlite_schema WHERE name = 'failed_spill'") == "0")
+        #expect(try await Self.recovered(path, "SELECT count(*) FROM events") == "20")
         #expect(try Self.integrity(ledger.reader) == ["ok"])
         await ledger.close()
     }
@@ -359,6 +404,7 @@ struct SQLiteLedgerTests {
         }
         let after = try #require(ledger.walCounts())
         #expect(after.rewrites > before.rewrites, "no page was rewritten in place: the test did not spill")
+        #expect(after.late == before.late, "rewritten bytes were left for when SQLite published the commit")
         #expect(try ledger.reader.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM spilled WHERE body LIKE '%x'") } == 285)
         #expect(try Self.integrity(ledger.reader) == ["ok"])
         #expect(try await Self.recovered(path, "SELECT count(*), sum(body LIKE '%x') FROM spilled") == "2000|285")

@@ -17,21 +17,22 @@ int warden_wal_vfs_register(void);
 
 /// Links a connection opened with that VFS to its open WAL, whose writes are then gathered.
 /// 1 if linked; 0 if the connection's files are not that VFS's or its WAL is not open. Called on
-/// the connection's own thread, outside any statement.
+/// the connection's own thread, outside any statement, for a connection in SQLite's normal
+/// locking mode (each transaction takes and releases the WAL's write lock).
 int warden_wal_link(struct sqlite3 *db);
 
 /// What became of a linked WAL's writes.
 typedef struct {
     /// Writes SQLite made.
     long long received;
-    /// Writes that went to the file.
+    /// Writes made to the file (failed ones included).
     long long made;
     /// Gathered bytes written only when SQLite published frames or changed a lock (a commit's
     /// go to the file with its last frame).
     long long late;
     /// Writes over bytes their transaction had written (rewritten pages and checksums).
     long long rewrites;
-    /// Bytes of transactions that did not commit, dropped.
+    /// Bytes of transactions that did not commit (or whose write failed), dropped.
     long long dropped;
 } WardenWALCounts;
 
