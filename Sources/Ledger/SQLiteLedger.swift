@@ -107,18 +107,12 @@ public final class SQLiteLedger: AuditingLedger {
         guard sqlite3_compileoption_used("USE_URI") == 1, warden_wal_vfs_register() == SQLITE_OK else { return path }
         // Every byte but unreserved ones and slashes escaped; an absolute path after an empty
         // authority ("file:///…"), so that one beginning "//" is not taken for one.
-        var uri = path.hasPrefix("/") ? "file://" : "file:"
-        for byte in path.utf8 {
-            switch byte {
-            case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "0")...UInt8(ascii: "9"),
-                 UInt8(ascii: "-"), UInt8(ascii: "."), UInt8(ascii: "_"), UInt8(ascii: "~"), UInt8(ascii: "/"):
-                uri.unicodeScalars.append(Unicode.Scalar(byte))
-            default:
-                uri += (byte < 16 ? "%0" : "%") + String(byte, radix: 16, uppercase: true)
-            }
-        }
+        guard let escaped = path.addingPercentEncoding(withAllowedCharacters: uriPathCharacters) else { return path }
+        let uri = (path.hasPrefix("/") ? "file://" : "file:") + escaped
         return uri + "?vfs=" + WARDEN_WAL_VFS
     }
+
+    private static let uriPathCharacters = CharacterSet(charactersIn: "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~/")
 
     /// What became of the writes SQLite made to the writer's WAL (tests).
     func walCounts() -> WardenWALCounts? {

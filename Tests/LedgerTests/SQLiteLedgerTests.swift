@@ -299,7 +299,7 @@ struct SQLiteLedgerTests {
     /// publishes it); and the writer, which names the file in a URI, opens it at its very path
     /// whatever characters the path holds.
     @Test func aCommitsWALWritesAreGathered() async throws {
-        let directory = try Scratch.directory("ledger").appendingPathComponent("a ?#%&=;+ b")
+        let directory = try Scratch.directory("ledger").appendingPathComponent("a ?#%&=;+ é b")
         let path = directory.appendingPathComponent("ledger.sqlite").path
         let ledger = try SQLiteLedger(path: path)
         #expect(ledger.gathersWALWrites)
@@ -359,6 +359,24 @@ struct SQLiteLedgerTests {
         await ledger.close()
     }
 
+    /// Within one of the writer's transactions, with a page cache of 4 pages: a new table
+    /// `table` of 2,000 rows of 300 bytes, then `then`, so that SQLite spills pages into the WAL
+    /// (and writes some of them again) before the commit. `failing`: the first WAL write after
+    /// the table is made fails, and every failure is passed over, so that only the commit's own
+    /// answer counts.
+    static func spill(_ db: Database, into table: String, then: String? = nil, failing: Bool = false) throws {
+        try db.execute(sql: "PRAGMA cache_size = 4")
+        defer { try? db.execute(sql: "PRAGMA cache_size = -65536") }
+        try db.execute(sql: "CREATE TABLE \(table) (id INTEGER PRIMARY KEY, body TEXT NOT NULL)")
+        if failing { warden_wal_fail_writes(db.sqliteConnection, 1, SQLITE_IOERR | (3 << 8)) }
+        for i in 0..<2000 {
+            do {
+                try db.execute(sql: "INSERT INTO \(table) (body) VALUES (?)", arguments: [String(repeating: "s", count: 300) + "\(i)"])
+            } catch where failing {}
+        }
+        if let then { try db.execute(sql: then) }
+    }
+
     /// A write that fails in the middle of a transaction (SQLite spilling pages) fails the rest
     /// of it, even if the caller goes on: its commit is refused, nothing of it is in the WAL,
     /// and the next transaction is written as usual.
@@ -367,16 +385,7 @@ struct SQLiteLedgerTests {
         let ledger = try SQLiteLedger(path: path)
         let before = try #require(ledger.walCounts())
         await #expect(throws: LedgerError.self) {
-            try await ledger.writer.submit { db in
-                try db.execute(sql: "PRAGMA cache_size = 4")
-                defer { try? db.execute(sql: "PRAGMA cache_size = -65536") }
-                try db.execute(sql: "CREATE TABLE failed_spill (id INTEGER PRIMARY KEY, body TEXT NOT NULL)")
-                warden_wal_fail_writes(db.sqliteConnection, 1, SQLITE_IOERR | (3 << 8))
-                // Every failure passed over: only the commit's own answer counts.
-                for i in 0..<2000 {
-                    try? db.execute(sql: "INSERT INTO failed_spill (body) VALUES (?)", arguments: [String(repeating: "f", count: 300) + "\(i)"])
-                }
-            }
+            try await ledger.writer.submit { db in try Self.spill(db, into: "failed_spill", failing: true) }
         }
         let after = try #require(ledger.walCounts())
         #expect(after.dropped > before.dropped, "no write failed")
@@ -396,11 +405,7 @@ struct SQLiteLedgerTests {
         let ledger = try SQLiteLedger(path: path)
         let before = try #require(ledger.walCounts())
         try await ledger.writer.submit { db in
-            try db.execute(sql: "PRAGMA cache_size = 4")
-            defer { try? db.execute(sql: "PRAGMA cache_size = -65536") }
-            try db.execute(sql: "CREATE TABLE spilled (id INTEGER PRIMARY KEY, body TEXT NOT NULL)")
-            for i in 0..<2000 { try db.execute(sql: "INSERT INTO spilled (body) VALUES (?)", arguments: [String(repeating: "s", count: 300) + "\(i)"]) }
-            try db.execute(sql: "UPDATE spilled SET body = body || 'x' WHERE id % 7 = 0")
+            try Self.spill(db, into: "spilled", then: "UPDATE spilled SET body = body || 'x' WHERE id % 7 = 0")
         }
         let after = try #require(ledger.walCounts())
         #expect(after.rewrites > before.rewrites, "no page was rewritten in place: the test did not spill")
