@@ -495,6 +495,73 @@ struct SQLiteLedgerTests {
         await second.close()
     }
 
+    static func pageCacheCounts() -> WardenPageCacheCounts {
+        var counts = WardenPageCacheCounts()
+        warden_page_cache_counts(&counts)
+        return counts
+    }
+
+    /// Claims of random jtis split the (issuer, jti) index's pages in no order, and SQLite then
+    /// swaps sibling pages' numbers through the number of the locking bytes' page. That number
+    /// never reaches SQLite's own page cache, which would keep it as the largest it was given
+    /// and walk every page it holds at each commit after (page_cache.c); the ledger is whole.
+    @Test func theNumberLentDuringASwapOfPagesNeverReachesSQLitesCache() async throws {
+        #expect(Self.pageCacheCounts().installed == 1, "SQLite was initialised before the page cache was installed")
+        let swapsBefore = Self.pageCacheCounts().swaps
+        let ledger = try SQLiteLedger(path: Self.temporaryPath())
+        for round in 0..<20 {
+            _ = try await ledger.record((0..<200).map { i in
+                .event(Self.event(jti: "\(UUID().uuidString)-\(round)-\(i)"), outcome: .processed, steps: [])
+            })
+        }
+        let counts = Self.pageCacheCounts()
+        #expect(counts.swaps > swapsBefore, "no swap of two pages' numbers: the test made none")
+        #expect(counts.lentNumbersGiven == 0)
+        #expect(try ledger.reader.eventCount() == 4000)
+        #expect(try Self.integrity(ledger.reader) == ["ok"])
+        await ledger.close()
+    }
+
+    /// Through thousands of swaps of pages' numbers, in a page cache of 20 pages (so that pages
+    /// are evicted, and dirty ones spilled, around them), with transactions rolled back among
+    /// them: what a table holds is what was committed to it, and the file is whole.
+    @Test func aSmallPageCacheKeepsEveryCommitThroughSwapsOfPages() async throws {
+        let path = Self.temporaryPath()
+        let queue = try DatabaseQueue(path: path)
+        try await queue.write { db in
+            try db.execute(sql: "PRAGMA cache_size = 20")
+            try db.execute(sql: "CREATE TABLE keys (key TEXT PRIMARY KEY, body TEXT NOT NULL) WITHOUT ROWID")
+        }
+        let swapsBefore = Self.pageCacheCounts().swaps
+        var kept = Set<String>()
+        struct RolledBack: Error {}
+        for round in 0..<60 {
+            let added = (0..<300).map { _ in UUID().uuidString }
+            let removed = Array(kept.shuffled().prefix(100))
+            let rollsBack = round % 5 == 4
+            do {
+                try await queue.write { db in
+                    for key in added {
+                        try db.execute(sql: "INSERT INTO keys (key, body) VALUES (?, ?)", arguments: [key, String(repeating: "b", count: 120)])
+                    }
+                    for key in removed { try db.execute(sql: "DELETE FROM keys WHERE key = ?", arguments: [key]) }
+                    if rollsBack { throw RolledBack() }
+                }
+                kept.formUnion(added)
+                kept.subtract(removed)
+            } catch is RolledBack {}
+        }
+        #expect(Self.pageCacheCounts().swaps > swapsBefore, "no swap of two pages' numbers: the test made none")
+        #expect(Self.pageCacheCounts().lentNumbersGiven == 0)
+        let stored = try await queue.read { try String.fetchAll($0, sql: "SELECT key FROM keys ORDER BY key") }
+        // Compared in counts, not lists of thousands of keys.
+        let missing = kept.subtracting(stored).count, unexpected = stored.count - (kept.count - missing)
+        let same = stored == kept.sorted()
+        #expect(same, "\(missing) committed keys missing, \(unexpected) rows not committed, of \(kept.count)")
+        #expect(try await queue.read { try String.fetchAll($0, sql: "PRAGMA integrity_check") } == ["ok"])
+        try queue.close()
+    }
+
     /// A new event's token is kept apart from its row (which its outcome rewrites); events of
     /// a ledger written before that keep theirs in the row, and both read back whole.
     @Test func tokensOfEventsRecordedBeforeAndAfterTheyMovedToATableOfTheirOwn() async throws {

@@ -43,4 +43,22 @@ int warden_wal_counts(struct sqlite3 *db, WardenWALCounts *counts);
 /// nothing. 1, or 0 if the connection has no linked WAL.
 int warden_wal_fail_writes(struct sqlite3 *db, int count, int code);
 
+/// SQLite's page cache as this process has it (see page_cache.c).
+typedef struct {
+    /// 1 if SQLite's default cache is used through the one that keeps the number SQLite lends
+    /// a page during a swap out of it; 0 if SQLite was initialised first.
+    int installed;
+    /// Swaps of two pages' numbers, in every connection.
+    long long swaps;
+    /// Times the default cache was given that lent number for a page (then remembering it as
+    /// its largest, and walking every page it holds at the end of each transaction after).
+    long long lentNumbersGiven;
+} WardenPageCacheCounts;
+
+/// Installs that page cache if SQLite is not yet initialised (done once, as the library loads).
+/// SQLITE_OK if installed.
+int warden_page_cache_install(void);
+
+void warden_page_cache_counts(WardenPageCacheCounts *counts);
+
 #endif
