@@ -438,7 +438,8 @@ final class RedisConnection: @unchecked Sendable {
 
 /// Matches replies to the requests written, in order, and fails every request still waiting
 /// when the connection ends — with the reason it ended (a TLS failure, a timeout, a malformed
-/// reply) when one is known. The deadline restarts with every reply: a long round trip that
+/// reply) when one is known. The deadline restarts with every read that brings replies (once a
+/// read, not once a reply: a pipelined round trip's read holds hundreds): a long round trip that
 /// makes progress is not cut; one with no reply for the timeout fails at once, without waiting
 /// for the connection's close (TLS waits for the peer's close_notify).
 ///
@@ -454,6 +455,8 @@ final class RedisReplyHandler: ChannelInboundHandler, RemovableChannelHandler, @
     private var failure: RedisError?
     private var context: ChannelHandlerContext?
     private var deadline: Scheduled<Void>?
+    /// A reply came in the read under way (the deadline restarts when it completes).
+    private var replied = false
     /// A reply said this server no longer takes writes (`READONLY`): the next round trip
     /// opens a new connection, which reaches the new primary.
     private var replace = false
@@ -508,7 +511,15 @@ final class RedisReplyHandler: ChannelInboundHandler, RemovableChannelHandler, @
             let done = waiting.removeFirst()
             done.promise.succeed(done.replies)
         }
-        restartDeadline()
+        replied = true
+    }
+
+    func channelReadComplete(context: ChannelHandlerContext) {
+        if replied {
+            replied = false
+            restartDeadline()
+        }
+        context.fireChannelReadComplete()
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {

@@ -156,6 +156,18 @@ struct RedisClientTests {
         #expect(try await client.send(["GET", "count"]).text == "200")
         #expect(Int(try await server.cli(["CLIENT", "LIST"]).split(separator: "\n").count) <= 4)  // 3 pooled + redis-cli
     }
+
+    // A round trip that lasts longer than the timeout, but whose replies keep coming well
+    // within it, is not cut: the deadline restarts with each read that brings replies.
+    @Test func aLongRoundTripWhoseRepliesKeepComingIsNotCut() async throws {
+        let server = try await RedisServer()
+        let client = RedisClient(settings: .init(host: "127.0.0.1", port: server.port, poolSize: 1, timeout: 1))
+        defer { client.close() }
+        // Each BLPOP waits 0.4 s for a list nobody fills, then answers nil: five replies 0.4 s
+        // apart, 2 s in all.
+        let replies = try await client.pipeline(Array(repeating: ["BLPOP", "nobody-fills-this", "0.4"], count: 5))
+        #expect(replies == Array(repeating: .null, count: 5))
+    }
 }
 
 @Suite("Redis over TLS, against redis-server with --tls-port")
