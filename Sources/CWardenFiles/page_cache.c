@@ -4,19 +4,23 @@
 // When a b-tree balance leaves sibling pages out of page-number order, SQLite swaps two pages'
 // numbers through a third, the number of the page holding the locking bytes (1 GiB into the
 // file; 262,145 with 4 KiB pages), which never holds data. The default page cache remembers the
-// largest number it was ever given, and at the end of every transaction drops the pages past
-// the database's end: it walks only the slots those pages can be in, unless the largest number
-// is further past the end than the cache has slots. After a swap it always is, and it walks
-// every page it holds: with the ledger writer's 64 MiB cache (16,384 pages), a cache miss per
-// page, at every commit. A profile of the writer with actions put 14 % of its time there.
+// largest number it was given, and at the end of every transaction drops the pages past the
+// database's end: it walks only the slots those pages can be in, unless the largest number is
+// further past the end than the cache has slots. After a swap it is, and it walks every page it
+// holds: with the ledger writer's 64 MiB cache (16,384 pages), a cache miss per page, at the end
+// of every transaction that swapped. Claims of random jtis split the (issuer, jti) index's pages
+// in no order, and most of the writer's transactions swap: a profile of the writer with actions
+// put 14 % of its time in that walk.
 //
-// This cache is the default one, given page number 0 (no page has it) in place of the lent one.
-// Between the three renumberings of one swap SQLite makes no other call of the cache but a look
-// for the lent number (which finds nothing, as before); once the swap is done, no page is at 0.
-// Every other call goes to the default cache unchanged.
+// This cache is the default one, given page number 0 (no page has it) in place of the lent one
+// for the page SQLite parks there. SQLite looks for the lent number before the first
+// renumbering (and finds nothing, as before); between the three renumberings of a swap it only
+// looks for the two swapped numbers; after the third, no page is at 0. Any other use of the
+// lent number (a corrupt database's locking page) goes to the default cache unchanged.
 //
 // Installed before SQLite's first use in the process (a constructor): SQLite takes a page cache
-// only before it is initialised. Where it was already initialised, the default cache stays.
+// only before it is initialised. Where it was already initialised, the default cache stays
+// (`installed` is 0: it is set when SQLite initialises a cache through this one).
 
 #include <sqlite3.h>
 #include <stdatomic.h>
@@ -33,19 +37,27 @@ typedef struct {
     unsigned lent;
     /// The page at the stand-in number, between a swap's first and last renumbering.
     sqlite3_pcache_page *lentPage;
+    /// Index of the cache's page size in `swapsBySize` (-1: none).
+    int sizeIndex;
 } WardenCache;
 
 static sqlite3_pcache_methods2 defaultCache;
 static atomic_llong swaps;
 static atomic_llong lentNumbersGiven;
 static atomic_int installed;
+/// Swaps counted by the page size of the cache they were in (512 B to 64 KiB: 2^9 to 2^16).
+static atomic_llong swapsBySize[8];
 
 /// Counts the default cache being given the lent number as a page's (which it then remembers).
 static void note(WardenCache *c, unsigned key) {
     if (key == c->lent) atomic_fetch_add_explicit(&lentNumbersGiven, 1, memory_order_relaxed);
 }
 
-static int cInit(void *arg) { return defaultCache.xInit(defaultCache.pArg); }
+static int cInit(void *arg) {
+    int rc = defaultCache.xInit(defaultCache.pArg);
+    if (rc == SQLITE_OK) atomic_store(&installed, 1);
+    return rc;
+}
 static void cShutdown(void *arg) { if (defaultCache.xShutdown) defaultCache.xShutdown(defaultCache.pArg); }
 
 static sqlite3_pcache *cCreate(int pageSize, int extraSize, int purgeable) {
@@ -57,6 +69,10 @@ static sqlite3_pcache *cCreate(int pageSize, int extraSize, int purgeable) {
     }
     c->lent = pageSize > 0 ? LOCKING_BYTES_OFFSET / (unsigned)pageSize + 1 : 0xffffffffu;
     c->lentPage = NULL;
+    c->sizeIndex = -1;
+    for (int i = 0; i < 8; i++) {
+        if (pageSize == 512 << i) c->sizeIndex = i;
+    }
     return (sqlite3_pcache *)c;
 }
 
@@ -67,27 +83,36 @@ static int cPagecount(sqlite3_pcache *p) { return defaultCache.xPagecount(INNER(
 
 static sqlite3_pcache_page *cFetch(sqlite3_pcache *p, unsigned key, int create) {
     WardenCache *c = (WardenCache *)p;
-    if (key == c->lent) key = LENT_NUMBER_STAND_IN;
+    if (key == c->lent && c->lentPage) key = LENT_NUMBER_STAND_IN;
     if (create) note(c, key);
     return defaultCache.xFetch(c->inner, key, create);
 }
 
 static void cUnpin(sqlite3_pcache *p, sqlite3_pcache_page *page, int discard) {
     WardenCache *c = (WardenCache *)p;
-    if (page == c->lentPage) c->lentPage = NULL;
+    if (page == c->lentPage) {
+        // Never within a swap (its pages are referenced throughout); were it, a page kept would
+        // go back to its number.
+        c->lentPage = NULL;
+        if (!discard) {
+            note(c, c->lent);
+            defaultCache.xRekey(c->inner, page, LENT_NUMBER_STAND_IN, c->lent);
+        }
+    }
     defaultCache.xUnpin(c->inner, page, discard);
 }
 
 static void cRekey(sqlite3_pcache *p, sqlite3_pcache_page *page, unsigned from, unsigned to) {
     WardenCache *c = (WardenCache *)p;
-    if (from == c->lent) {
+    if (from == c->lent && page == c->lentPage) {
         from = LENT_NUMBER_STAND_IN;
-        if (page == c->lentPage) c->lentPage = NULL;
+        c->lentPage = NULL;
     }
-    if (to == c->lent) {
+    if (to == c->lent && !c->lentPage) {
         to = LENT_NUMBER_STAND_IN;
         c->lentPage = page;
         atomic_fetch_add_explicit(&swaps, 1, memory_order_relaxed);
+        if (c->sizeIndex >= 0) atomic_fetch_add_explicit(&swapsBySize[c->sizeIndex], 1, memory_order_relaxed);
     }
     note(c, to);
     defaultCache.xRekey(c->inner, page, from, to);
@@ -112,15 +137,13 @@ static void cDestroy(sqlite3_pcache *p) {
 
 static void cShrink(sqlite3_pcache *p) { defaultCache.xShrink(INNER(p)); }
 
-int warden_page_cache_install(void) {
-    static atomic_int tried;
-    if (atomic_exchange(&tried, 1)) return atomic_load(&installed) ? SQLITE_OK : SQLITE_MISUSE;
+/// Runs once, as the library loads, before any thread of the process can use SQLite.
+__attribute__((constructor)) static void install(void) {
     sqlite3_pcache_methods2 found;
-    int rc = sqlite3_config(SQLITE_CONFIG_GETPCACHE2, &found);
-    if (rc != SQLITE_OK) return rc;
+    if (sqlite3_config(SQLITE_CONFIG_GETPCACHE2, &found) != SQLITE_OK) return;
     if (found.iVersion < 1 || !found.xCreate || !found.xFetch || !found.xRekey || !found.xTruncate || !found.xUnpin
         || !found.xDestroy || !found.xCachesize || !found.xPagecount || !found.xShrink || !found.xInit) {
-        return SQLITE_ERROR;
+        return;
     }
     defaultCache = found;
     static const sqlite3_pcache_methods2 methods = {
@@ -138,15 +161,15 @@ int warden_page_cache_install(void) {
         .xDestroy = cDestroy,
         .xShrink = cShrink,
     };
-    rc = sqlite3_config(SQLITE_CONFIG_PCACHE2, &methods);
-    if (rc == SQLITE_OK) atomic_store(&installed, 1);
-    return rc;
+    sqlite3_config(SQLITE_CONFIG_PCACHE2, &methods);
 }
 
-__attribute__((constructor)) static void installAtLoad(void) { warden_page_cache_install(); }
-
-void warden_page_cache_counts(WardenPageCacheCounts *counts) {
+void warden_page_cache_counts(int pageSize, WardenPageCacheCounts *counts) {
     counts->installed = atomic_load(&installed);
     counts->swaps = atomic_load_explicit(&swaps, memory_order_relaxed);
+    counts->swapsOfPageSize = 0;
+    for (int i = 0; i < 8; i++) {
+        if (pageSize == 512 << i) counts->swapsOfPageSize = atomic_load_explicit(&swapsBySize[i], memory_order_relaxed);
+    }
     counts->lentNumbersGiven = atomic_load_explicit(&lentNumbersGiven, memory_order_relaxed);
 }

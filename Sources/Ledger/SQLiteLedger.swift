@@ -98,6 +98,15 @@ public final class SQLiteLedger: AuditingLedger {
         writer = BatchWriter(database: database, syncer: syncer)
     }
 
+    /// Whether SQLite's page cache is the one that keeps the number SQLite lends a page during a
+    /// swap of two pages' numbers out of its default cache (`CWardenFiles/page_cache.c`): false
+    /// if SQLite was initialised before it could be installed (or has not been yet).
+    public static var pageCacheInstalled: Bool {
+        var counts = WardenPageCacheCounts()
+        warden_page_cache_counts(0, &counts)
+        return counts.installed == 1
+    }
+
     /// Where the writer's connection opens the ledger: through the VFS that gathers its WAL's
     /// writes (`CWardenFiles`), named in a URI, where this SQLite reads names as URIs; else the
     /// path itself. SQLite writes each WAL frame in two calls, its header and then its page;

@@ -94,6 +94,9 @@ struct Worker {
         case .sqlite(let path):
             ledger = try SQLiteLedger(path: path)
             announce("ledger: sqlite \(path)")
+            if !SQLiteLedger.pageCacheInstalled {
+                logger.warning("SQLite was initialised before Warden's page cache was installed: after a swap of two pages' numbers, the ledger's commits walk every page of its cache")
+            }
         case .postgres(let location):
             let postgres = PostgresLedger(location, logger: logger)
             ledger = postgres

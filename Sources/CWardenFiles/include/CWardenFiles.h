@@ -43,22 +43,22 @@ int warden_wal_counts(struct sqlite3 *db, WardenWALCounts *counts);
 /// nothing. 1, or 0 if the connection has no linked WAL.
 int warden_wal_fail_writes(struct sqlite3 *db, int count, int code);
 
-/// SQLite's page cache as this process has it (see page_cache.c).
+/// SQLite's page cache as this process has it (see page_cache.c, installed as it loads).
 typedef struct {
-    /// 1 if SQLite's default cache is used through the one that keeps the number SQLite lends
-    /// a page during a swap out of it; 0 if SQLite was initialised first.
+    /// 1 once SQLite initialised its page cache through the one that keeps the number SQLite
+    /// lends a page during a swap of two pages' numbers out of its default cache; 0 if SQLite
+    /// was initialised before it could be installed, or is not initialised yet.
     int installed;
-    /// Swaps of two pages' numbers, in every connection.
+    /// Pages given the lent number (each swap of two pages' numbers gives one), in every connection.
     long long swaps;
-    /// Times the default cache was given that lent number for a page (then remembering it as
-    /// its largest, and walking every page it holds at the end of each transaction after).
+    /// Those in caches of the page size asked for.
+    long long swapsOfPageSize;
+    /// Times the default cache was given the lent number for a page (then remembering it as
+    /// its largest, and walking every page it holds at the end of the transaction).
     long long lentNumbersGiven;
 } WardenPageCacheCounts;
 
-/// Installs that page cache if SQLite is not yet initialised (done once, as the library loads).
-/// SQLITE_OK if installed.
-int warden_page_cache_install(void);
-
-void warden_page_cache_counts(WardenPageCacheCounts *counts);
+/// The counts; `swapsOfPageSize` those of caches of `pageSize` bytes.
+void warden_page_cache_counts(int pageSize, WardenPageCacheCounts *counts);
 
 #endif
