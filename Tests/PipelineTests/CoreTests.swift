@@ -312,14 +312,18 @@ struct CoreTests {
     // the later one.
     @Test func aStepRecordedByAnotherOwnerDuringARetryPauseIsNotCalledAgain() async throws {
         let (ledger, a, b) = Self.replicas(lease: .seconds(1), .seconds(1))
-        a.executor.script.withLock { $0["u1"] = [.retry("the target is busy", after: 3)] }
+        // B takes the event up once A's lease has run out (after 1 s; B looks every 200 ms),
+        // and must have done so before A's pause ends: 6 s leaves a machine busy with every
+        // other suite time for it (with 3 s, A once woke first and ran both steps itself).
+        a.executor.script.withLock { $0["u1"] = [.retry("the target is busy", after: 6)] }
         let replicaB = PushReplica(b, resuming: true)
         let replicaA = PushReplica(a, resuming: false)
+        let pushed = ContinuousClock.now
         #expect(await replicaA.push("u1", jti: "retried-by-a") == .accepted)
         #expect(await eventually(attempts: 4000) { ledger.event("retried-by-a")?.outcome == .processed })
         #expect(b.executor.calls(for: "u1") == 2)
-        // A's pause ends (3 s after its call): it must find both steps recorded.
-        try await Task.sleep(for: .seconds(4))
+        // A's pause ends (6 s after its call): it must find both steps recorded.
+        try await Task.sleep(until: pushed + .seconds(7))
         #expect(a.executor.calls(for: "u1") == 1, "the step was called again after another owner recorded it")
         await replicaA.stop()
         await replicaB.stop()
