@@ -64,9 +64,10 @@ public enum StepAction: Sendable, Hashable, Codable {
         }
     }
 
-    /// The action as `Codable` forms it: the case's name, holding its labelled values (an
-    /// absent optional left out).
-    var json: JSONValue {
+    /// The action as `Codable` forms it, as compact JSON text: the case's name, holding its
+    /// labelled values (an absent optional left out). Written directly, without a `JSONObject`
+    /// between: it is written for every step of every event.
+    func write(to out: inout [UInt8]) {
         func strings(_ texts: [String]) -> JSONValue { .array(texts.map { .string($0) }) }
         func optional(_ name: String, _ value: JSONValue?) -> [(String, JSONValue)] { value.map { [(name, $0)] } ?? [] }
         let (name, members): (String, [(String, JSONValue)]) = switch self {
@@ -85,7 +86,16 @@ public enum StepAction: Sendable, Hashable, Codable {
         case .sql(let target, let statement, let parameters):
             ("sql", [("target", .string(target)), ("statement", .string(statement)), ("parameters", strings(parameters))])
         }
-        return .object(JSONObject([(name, .object(JSONObject(members)))]))
+        out.append(UInt8(ascii: "{"))
+        JSONValue.writeString(name, to: &out)
+        out += ":{".utf8
+        for (i, (key, value)) in members.enumerated() {
+            if i > 0 { out.append(UInt8(ascii: ",")) }
+            JSONValue.writeString(key, to: &out)
+            out.append(UInt8(ascii: ":"))
+            value.write(to: &out)
+        }
+        out += "}}".utf8
     }
 
     /// Whether the step acts on, or names, the local user the subject resolved to.

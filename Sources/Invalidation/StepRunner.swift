@@ -195,10 +195,17 @@ extension EventSteps {
 extension PlannedStep {
     /// The step as the journal keeps it: JSON text, in the form `Codable` gives it (which
     /// `init(encoded:)` reads), written directly: it is written for every step of every event.
-    public var encoded: String { json.jsonText }
-
-    var json: JSONValue {
-        ["index": .number(Double(index)), "eventType": .string(eventType), "action": action.json]
+    public var encoded: String {
+        var out: [UInt8] = []
+        out.reserveCapacity(160)
+        out += #"{"index":"#.utf8
+        JSONValue.number(Double(index)).write(to: &out)
+        out += #","eventType":"#.utf8
+        JSONValue.writeString(eventType, to: &out)
+        out += #","action":"#.utf8
+        action.write(to: &out)
+        out.append(UInt8(ascii: "}"))
+        return String(decoding: out, as: UTF8.self)
     }
 
     public init?(encoded text: String) {
