@@ -24,7 +24,6 @@
 
 #include <sqlite3.h>
 #include <stdatomic.h>
-#include <stdlib.h>
 #include "CWardenFiles.h"
 
 /// SQLite's `PENDING_BYTE`: the locking bytes' offset, whose page holds no data.
