@@ -41,11 +41,18 @@ typedef struct {
 } WardenCache;
 
 static sqlite3_pcache_methods2 defaultCache;
-static atomic_llong swaps;
 static atomic_llong lentNumbersGiven;
 static atomic_int installed;
 /// Swaps counted by the page size of the cache they were in (512 B to 64 KiB: 2^9 to 2^16).
 static atomic_llong swapsBySize[8];
+
+/// A page size's index in `swapsBySize`, or -1.
+static int sizeIndex(int pageSize) {
+    for (int i = 0; i < 8; i++) {
+        if (pageSize == 512 << i) return i;
+    }
+    return -1;
+}
 
 /// Counts the default cache being given the lent number as a page's (which it then remembers).
 static void note(WardenCache *c, unsigned key) {
@@ -68,10 +75,7 @@ static sqlite3_pcache *cCreate(int pageSize, int extraSize, int purgeable) {
     }
     c->lent = pageSize > 0 ? LOCKING_BYTES_OFFSET / (unsigned)pageSize + 1 : 0xffffffffu;
     c->lentPage = NULL;
-    c->sizeIndex = -1;
-    for (int i = 0; i < 8; i++) {
-        if (pageSize == 512 << i) c->sizeIndex = i;
-    }
+    c->sizeIndex = sizeIndex(pageSize);
     return (sqlite3_pcache *)c;
 }
 
@@ -79,6 +83,14 @@ static sqlite3_pcache *cCreate(int pageSize, int extraSize, int purgeable) {
 
 static void cCachesize(sqlite3_pcache *p, int size) { defaultCache.xCachesize(INNER(p), size); }
 static int cPagecount(sqlite3_pcache *p) { return defaultCache.xPagecount(INNER(p)); }
+
+/// Puts the parked page back at the lent number, as the default cache would have it. Never
+/// needed within a swap (SQLite holds its pages throughout, and truncates only after it).
+static void unpark(WardenCache *c) {
+    note(c, c->lent);
+    defaultCache.xRekey(c->inner, c->lentPage, LENT_NUMBER_STAND_IN, c->lent);
+    c->lentPage = NULL;
+}
 
 static sqlite3_pcache_page *cFetch(sqlite3_pcache *p, unsigned key, int create) {
     WardenCache *c = (WardenCache *)p;
@@ -90,13 +102,8 @@ static sqlite3_pcache_page *cFetch(sqlite3_pcache *p, unsigned key, int create) 
 static void cUnpin(sqlite3_pcache *p, sqlite3_pcache_page *page, int discard) {
     WardenCache *c = (WardenCache *)p;
     if (page == c->lentPage) {
-        // Never within a swap (its pages are referenced throughout); were it, a page kept would
-        // go back to its number.
-        c->lentPage = NULL;
-        if (!discard) {
-            note(c, c->lent);
-            defaultCache.xRekey(c->inner, page, LENT_NUMBER_STAND_IN, c->lent);
-        }
+        // A page discarded goes from 0 as from anywhere; one kept, back to its number.
+        if (discard) c->lentPage = NULL; else unpark(c);
     }
     defaultCache.xUnpin(c->inner, page, discard);
 }
@@ -110,7 +117,6 @@ static void cRekey(sqlite3_pcache *p, sqlite3_pcache_page *page, unsigned from, 
     if (to == c->lent && !c->lentPage) {
         to = LENT_NUMBER_STAND_IN;
         c->lentPage = page;
-        atomic_fetch_add_explicit(&swaps, 1, memory_order_relaxed);
         if (c->sizeIndex >= 0) atomic_fetch_add_explicit(&swapsBySize[c->sizeIndex], 1, memory_order_relaxed);
     }
     note(c, to);
@@ -119,13 +125,8 @@ static void cRekey(sqlite3_pcache *p, sqlite3_pcache_page *page, unsigned from, 
 
 static void cTruncate(sqlite3_pcache *p, unsigned limit) {
     WardenCache *c = (WardenCache *)p;
-    // Never within a swap; were it, the page lent the number would be dropped as the default
-    // cache drops it.
-    if (c->lentPage && limit <= c->lent) {
-        defaultCache.xRekey(c->inner, c->lentPage, LENT_NUMBER_STAND_IN, c->lent);
-        c->lentPage = NULL;
-        note(c, c->lent);
-    }
+    // The parked page past the limit goes, as the default cache drops it.
+    if (c->lentPage && limit <= c->lent) unpark(c);
     defaultCache.xTruncate(c->inner, limit);
 }
 
@@ -165,10 +166,7 @@ __attribute__((constructor)) static void install(void) {
 
 void warden_page_cache_counts(int pageSize, WardenPageCacheCounts *counts) {
     counts->installed = atomic_load(&installed);
-    counts->swaps = atomic_load_explicit(&swaps, memory_order_relaxed);
-    counts->swapsOfPageSize = 0;
-    for (int i = 0; i < 8; i++) {
-        if (pageSize == 512 << i) counts->swapsOfPageSize = atomic_load_explicit(&swapsBySize[i], memory_order_relaxed);
-    }
+    int i = sizeIndex(pageSize);
+    counts->swapsOfPageSize = i >= 0 ? atomic_load_explicit(&swapsBySize[i], memory_order_relaxed) : 0;
     counts->lentNumbersGiven = atomic_load_explicit(&lentNumbersGiven, memory_order_relaxed);
 }

@@ -49,9 +49,8 @@ typedef struct {
     /// lends a page during a swap of two pages' numbers out of its default cache; 0 if SQLite
     /// was initialised before it could be installed, or is not initialised yet.
     int installed;
-    /// Pages given the lent number (each swap of two pages' numbers gives one), in every connection.
-    long long swaps;
-    /// Those in caches of the page size asked for.
+    /// Pages given the lent number (each swap of two pages' numbers gives one), in every
+    /// connection whose pages are of the size asked for.
     long long swapsOfPageSize;
     /// Times the default cache was given the lent number for a page (then remembering it as
     /// its largest, and walking every page it holds at the end of the transaction).
