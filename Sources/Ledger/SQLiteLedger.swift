@@ -1009,6 +1009,8 @@ final class BatchWriter: Sendable {
 /// time); only pages not yet copied are left to the writer's own checkpoint.
 final class Checkpointer: Sendable {
     static let interval = DispatchTimeInterval.milliseconds(100)
+    /// How much lower its thread runs than the process: Linux `nice` +5.
+    static let niceness: Int32 = 5
 
     private let database: DatabaseQueue
     private let closed = Atomic(false)
@@ -1031,6 +1033,12 @@ final class Checkpointer: Sendable {
         }
         let thread = Thread { [self] in
             nameThisThread("warden-checkpts")
+            // Copying can lag behind: the WAL only grows meanwhile. Beneath the writer, the
+            // steps' tasks and the Redis threads in priority (as verification is), a pass no longer
+            // takes a core from the writer while an answered step's outcome waits for it.
+            // Raising niceness needs no privilege; should it fail, the thread runs as others do.
+            let which = __priority_which_t(PRIO_PROCESS.rawValue)
+            _ = setpriority(which, 0, getpriority(which, 0) + Self.niceness)
             var seen = (frames: 0, copied: 0)
             while !closed.load(ordering: .acquiring) {
                 _ = wake.wait(timeout: .now() + Self.interval)
