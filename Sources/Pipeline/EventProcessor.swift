@@ -717,10 +717,10 @@ extension WardenMetrics: StepObserver {
     public func stepAnswered(kind: String, result: String) { step(kind: kind, result: result) }
     public func outcomeDurable(after wait: Duration) { stepRecordSeconds.record(wait) }
     public func stepTook(kind: String, seconds: Double) {
-        timer("warden_step_duration_seconds", [("kind", kind)]).recordNanoseconds(Int64(min(seconds, 1e9) * 1e9))
+        stepDuration(kind: kind).recordNanoseconds(Int64(min(seconds, 1e9) * 1e9))
     }
     public func eventDone(afterArrival seconds: Double) { eventToDone.recordNanoseconds(Int64(min(seconds, 1e9) * 1e9)) }
-    public func breaker(target: String, open: Bool) { gauge("warden_circuit_breaker_open", [("target", target)]).record(open ? 1 : 0) }
+    public func breaker(target: String, open: Bool) { breakerOpen(target: target).record(open ? 1 : 0) }
 }
 
 /// Event ids with a count of the works holding each (a redelivery may hold one beside its

@@ -19,6 +19,16 @@ public final class WardenMetrics: Sendable {
     private let deadLetters: Counter
     /// Messages waiting and when one was last finished, for `/healthz`.
     public let progress = IntakeProgress()
+    // The per-step ones, by their label values: looked up for every step answered without an
+    // array of labels built for the lookup.
+    private let stepCounters = LabelledMetrics<StepLabels, Counter>()
+    private let stepTimers = LabelledMetrics<String, Timer>()
+    private let breakerGauges = LabelledMetrics<String, Gauge>()
+
+    private struct StepLabels: Hashable {
+        var kind: String
+        var result: String
+    }
 
     public init(factory: any MetricsFactory) {
         self.factory = factory
@@ -77,7 +87,19 @@ public final class WardenMetrics: Sendable {
             gauge("warden_stream_status", [("issuer", issuer), ("status", known)]).record(known == status ? 1 : 0)
         }
     }
-    func step(kind: String, result: String) { counter("warden_steps_total", [("kind", kind), ("result", result)]).increment() }
+    func step(kind: String, result: String) {
+        stepCounters.get(StepLabels(kind: kind, result: result)) {
+            Counter(label: "warden_steps_total", dimensions: [("kind", kind), ("result", result)], factory: factory)
+        }.increment()
+    }
+    /// `warden_step_duration_seconds{kind}`.
+    func stepDuration(kind: String) -> Timer {
+        stepTimers.get(kind) { Timer(label: "warden_step_duration_seconds", dimensions: [("kind", kind)], factory: factory) }
+    }
+    /// `warden_circuit_breaker_open{target}`.
+    func breakerOpen(target: String) -> Gauge {
+        breakerGauges.get(target) { Gauge(label: "warden_circuit_breaker_open", dimensions: [("target", target)], factory: factory) }
+    }
     /// Push requests answered, by status (`warden_push_requests_total{status}`).
     func pushAnswered(_ status: Int) { counter("warden_push_requests_total", [("status", "\(status)")]).increment() }
     /// Bytes of pushed bodies taken (`warden_push_bytes_total`).
@@ -104,8 +126,7 @@ public final class WardenMetrics: Sendable {
     public func retried(_ reason: String) { counter("warden_retries_total", [("reason", reason)]).increment() }
 }
 
-/// Metrics made once per name and labels, looked up without building a key text (a step's
-/// counter is looked up for every step answered).
+/// Metrics made once per name and labels, looked up without building a key text.
 final class MetricCache<Metric: Sendable>: Sendable {
     private struct Key: Hashable {
         var name: String
@@ -113,7 +134,7 @@ final class MetricCache<Metric: Sendable>: Sendable {
         var labels: [String]
     }
 
-    private let made = Mutex<[Key: Metric]>([:])
+    private let made = LabelledMetrics<Key, Metric>()
 
     private static func key(_ name: String, _ dimensions: [(String, String)]) -> Key {
         var labels: [String] = []
@@ -123,20 +144,28 @@ final class MetricCache<Metric: Sendable>: Sendable {
     }
 
     /// The metric, forgotten: the next `get` makes a new one.
-    func remove(_ name: String, _ dimensions: [(String, String)]) -> Metric? {
-        let key = Self.key(name, dimensions)
-        return made.withLock { $0.removeValue(forKey: key) }
-    }
+    func remove(_ name: String, _ dimensions: [(String, String)]) -> Metric? { made.remove(Self.key(name, dimensions)) }
 
     func get(_ name: String, _ dimensions: [(String, String)], make: () -> Metric) -> Metric {
-        let key = Self.key(name, dimensions)
-        return made.withLock { cache in
-            if let metric = cache[key] { return metric }
+        made.get(Self.key(name, dimensions), make: make)
+    }
+}
+
+/// Metrics made once per key: for one metric, its label values (`Labels`).
+final class LabelledMetrics<Labels: Hashable & Sendable, Metric: Sendable>: Sendable {
+    private let made = Mutex<[Labels: Metric]>([:])
+
+    func get(_ labels: Labels, make: () -> Metric) -> Metric {
+        made.withLock { cache in
+            if let metric = cache[labels] { return metric }
             let metric = make()
-            cache[key] = metric
+            cache[labels] = metric
             return metric
         }
     }
+
+    /// The metric, forgotten: the next `get` makes a new one.
+    func remove(_ labels: Labels) -> Metric? { made.withLock { $0.removeValue(forKey: labels) } }
 }
 
 extension Timer {
