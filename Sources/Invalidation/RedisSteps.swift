@@ -111,16 +111,21 @@ public struct RedisStepExecutor: StepExecutor {
     /// The purge-set script's arguments for one page of `set`, from `cursor`.
     func scriptArguments(_ set: String, from cursor: String) -> [String] { ["1", set, cursor, String(chunk)] }
 
-    /// One page of a purge-set on the server: the members SSCAN lists from `ARGV[1]` (at most
-    /// about `ARGV[2]`), their keys unlinked, then the members removed from the set. Returns
-    /// the next cursor, how many members were listed and how many keys existed.
+    /// One page of a purge-set on the server: the members SSCAN lists from `ARGV[1]` (about
+    /// `ARGV[2]`), their keys unlinked, then the members removed from the set. Returns the next
+    /// cursor, how many members were listed and how many keys existed.
+    ///
+    /// The members go to UNLINK and SREM a thousand at a time: Lua's `unpack` takes at most
+    /// about 8,000, and a set the server keeps compact (`set-max-intset-entries` raised) is
+    /// listed whole by one SSCAN whatever the COUNT.
     static let purgePageScript = """
         local page = redis.call('SSCAN', KEYS[1], ARGV[1], 'COUNT', ARGV[2])
         local members = page[2]
         local deleted = 0
-        if #members > 0 then
-          deleted = redis.call('UNLINK', unpack(members))
-          redis.call('SREM', KEYS[1], unpack(members))
+        for j = 1, #members, 1000 do
+          local last = math.min(j + 999, #members)
+          deleted = deleted + redis.call('UNLINK', unpack(members, j, last))
+          redis.call('SREM', KEYS[1], unpack(members, j, last))
         end
         return {page[1], #members, deleted}
         """
@@ -171,26 +176,40 @@ public struct RedisStepExecutor: StepExecutor {
     }
 
     /// The first page of each set in `KEYS` (from cursor 0, about `ARGV[1]` members), as
-    /// `purgePageScript` does it for one, in one call: one script run for many events' purges
-    /// costs the server about two thirds of what one run each does. Each set's reply is its own:
-    /// a command the server refuses for one set (a key that is not a set) is that set's error,
-    /// and the other sets are purged.
+    /// `purgePageScript` does it for one, in one call: for sets of a few sessions, one script run
+    /// for many events' purges costs the server about two thirds of what one run each does.
+    /// Each set's reply is its own: a command refused for one set's keys (`WRONGTYPE`, a key the
+    /// user may not touch) is that set's error, and the other sets are purged. Any other error
+    /// (`READONLY` after a failover, `OOM`) ends the call and is its reply, as the error of a
+    /// command would be: the client sees it, and the sets purged before it are purged again,
+    /// with nothing left to delete, when their steps are retried.
     static let purgeFirstPagesScript = """
+        local function refusesTheKey(reply)
+          return string.find(reply.err, '^WRONGTYPE') or string.find(reply.err, '^NOPERM')
+        end
         local out = {}
         for i = 1, #KEYS do
           local page = redis.pcall('SSCAN', KEYS[i], '0', 'COUNT', ARGV[1])
           if page.err then
+            if not refusesTheKey(page) then return page end
             out[i] = page
           else
             local members = page[2]
             local deleted = 0
-            if #members > 0 then
-              deleted = redis.pcall('UNLINK', unpack(members))
-              if type(deleted) == 'table' then
-                out[i] = deleted
-              else
-                local removed = redis.pcall('SREM', KEYS[i], unpack(members))
-                if type(removed) == 'table' then out[i] = removed end
+            for j = 1, #members, 1000 do
+              local last = math.min(j + 999, #members)
+              local unlinked = redis.pcall('UNLINK', unpack(members, j, last))
+              if type(unlinked) == 'table' then
+                if not refusesTheKey(unlinked) then return unlinked end
+                out[i] = unlinked
+                break
+              end
+              deleted = deleted + unlinked
+              local removed = redis.pcall('SREM', KEYS[i], unpack(members, j, last))
+              if type(removed) == 'table' then
+                if not refusesTheKey(removed) then return removed end
+                out[i] = removed
+                break
               end
             end
             if out[i] == nil then out[i] = {page[1], #members, deleted} end

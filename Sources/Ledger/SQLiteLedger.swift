@@ -1032,13 +1032,14 @@ final class Checkpointer: Sendable {
             throw LedgerError(.unavailable, "cannot open the SQLite ledger at \(path) for checkpoints: \(error)")
         }
         let thread = Thread { [self] in
-            nameThisThread("warden-checkpts")
             // Copying can lag behind: the WAL only grows meanwhile. Beneath the writer, the
             // steps' tasks and the Redis threads in priority (as verification is), a pass no longer
             // takes a core from the writer while an answered step's outcome waits for it.
             // Raising niceness needs no privilege; should it fail, the thread runs as others do.
             let which = __priority_which_t(PRIO_PROCESS.rawValue)
             _ = setpriority(which, 0, getpriority(which, 0) + Self.niceness)
+            // Named once its priority is set: a thread found by its name runs beneath the writer.
+            nameThisThread("warden-checkpts")
             var seen = (frames: 0, copied: 0)
             while !closed.load(ordering: .acquiring) {
                 _ = wake.wait(timeout: .now() + Self.interval)

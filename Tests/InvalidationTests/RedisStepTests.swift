@@ -110,6 +110,47 @@ struct RedisStepTests {
         #expect(try await cli("DBSIZE") == "0")
     }
 
+    /// A set the server keeps compact (`set-max-intset-entries` raised) is listed whole by one
+    /// SSCAN, whatever the COUNT: more members than Lua's `unpack` takes at once (about 8,000)
+    /// are deleted all the same, alone and in a batch.
+    @Test func aSetListedWholeBeyondWhatLuaUnpacksIsPurged() async throws {
+        _ = try await cli("CONFIG", "SET", "set-max-intset-entries", "20000")
+        for (set, first) in [("user-sessions:alone", 1), ("user-sessions:batched", 100_001)] {
+            let members = (first..<first + 9_000).map(String.init)
+            for part in stride(from: 0, to: members.count, by: 1_000) {
+                let slice = Array(members[part..<min(part + 1_000, members.count)])
+                _ = try await client.pipeline([["SADD", set] + slice, ["MSET"] + slice.flatMap { [$0, "1"] }])
+            }
+        }
+        #expect(try await cli("OBJECT", "ENCODING", "user-sessions:alone") == "intset")
+        #expect(await executor.execute(.purgeSet(target: "sessions", set: "user-sessions:alone"), context: context)
+            == .done("9000 listed, 9000 keys deleted from user-sessions:alone"))
+        let batch = ["user-sessions:batched", "user-sessions:none"].map { StepCall(action: .purgeSet(target: "sessions", set: $0), context: context) }
+        #expect(await executor.execute(batch) == [.done("9000 listed, 9000 keys deleted from user-sessions:batched"),
+                                                  .done("0 listed, 0 keys deleted from user-sessions:none")])
+        #expect(try await cli("DBSIZE") == "0")
+    }
+
+    /// A server that stopped taking writes (a replica after a failover) refuses a batch's
+    /// deletions from inside the script: the call ends with `READONLY` as its own reply, so the
+    /// client replaces its connection (as for any command answered so), every set's step is
+    /// retried rather than done, and once writes are taken again the purges are made.
+    @Test func aBatchRefusedByAServerTurnedReplicaIsRetriedOnANewConnection() async throws {
+        for user in 0..<2 {
+            _ = try await client.pipeline([["SET", "session:\(user)", "1"], ["SADD", "user-sessions:\(user)", "session:\(user)"]])
+        }
+        let calls = (0..<2).map { StepCall(action: .purgeSet(target: "sessions", set: "user-sessions:\($0)"), context: context) }
+        // No primary there: the server stays a read-only replica, with its data.
+        _ = try await cli("REPLICAOF", "127.0.0.1", "1")
+        let connection = try await client.send(["CLIENT", "ID"]).integer
+        #expect(await executor.execute(calls).map(\.result) == ["retry", "retry"])
+        #expect(try await cli("DBSIZE") == "4")
+        _ = try await cli("REPLICAOF", "NO", "ONE")
+        #expect(try await client.send(["CLIENT", "ID"]).integer != connection)
+        #expect(await executor.execute(calls) == (0..<2).map { .done("1 listed, 1 keys deleted from user-sessions:\($0)") })
+        #expect(try await cli("DBSIZE") == "0")
+    }
+
     /// A server whose user may not run scripts (an ACL, or scripting renamed away) gets the
     /// same purge in plain commands.
     @Test func aServerRefusingScriptsGetsThePurgeInPlainCommands() async throws {
