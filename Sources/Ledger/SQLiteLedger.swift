@@ -1009,8 +1009,6 @@ final class BatchWriter: Sendable {
 /// time); only pages not yet copied are left to the writer's own checkpoint.
 final class Checkpointer: Sendable {
     static let interval = DispatchTimeInterval.milliseconds(100)
-    /// How much lower its thread runs than the process: Linux `nice` +5.
-    static let niceness: Int32 = 5
 
     private let database: DatabaseQueue
     private let closed = Atomic(false)
@@ -1032,13 +1030,6 @@ final class Checkpointer: Sendable {
             throw LedgerError(.unavailable, "cannot open the SQLite ledger at \(path) for checkpoints: \(error)")
         }
         let thread = Thread { [self] in
-            // Copying can lag behind: the WAL only grows meanwhile. Beneath the writer, the
-            // steps' tasks and the Redis threads in priority (as verification is), a pass no longer
-            // takes a core from the writer while an answered step's outcome waits for it.
-            // Raising niceness needs no privilege; should it fail, the thread runs as others do.
-            let which = __priority_which_t(PRIO_PROCESS.rawValue)
-            _ = setpriority(which, 0, getpriority(which, 0) + Self.niceness)
-            // Named once its priority is set: a thread found by its name runs beneath the writer.
             nameThisThread("warden-checkpts")
             var seen = (frames: 0, copied: 0)
             while !closed.load(ordering: .acquiring) {

@@ -160,36 +160,6 @@ struct SQLiteLedgerTests {
         #expect(seen.isSuperset(of: ["warden-ledger", "warden-checkpts", "warden-walsync"]))
     }
 
-    /// The checkpoint thread runs beneath the rest in priority (`nice` +5), the writer and the
-    /// WAL's syncer as the process does: copying pages may lag, an answered step's outcome must not.
-    @Test func theCheckpointThreadRunsBeneathTheWriter() async throws {
-        let ledger = try SQLiteLedger(path: Self.temporaryPath())
-        _ = try await ledger.writerPragma("synchronous")
-        /// The niceness of every thread of this process with this name (every open ledger's).
-        func niceness(of name: String) -> [Int] {
-            let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/task")) ?? []
-            return tasks.compactMap { task -> Int? in
-                guard (try? String(contentsOfFile: "/proc/self/task/\(task)/comm", encoding: .utf8))?
-                        .trimmingCharacters(in: .whitespacesAndNewlines) == name,
-                      let stat = try? String(contentsOfFile: "/proc/self/task/\(task)/stat", encoding: .utf8),
-                      let end = stat.lastIndex(of: ")") else { return nil }
-                // After the name: state is field 3, niceness field 19.
-                let fields = stat[stat.index(after: end)...].split(separator: " ")
-                return fields.count > 16 ? Int(fields[16]) : nil
-            }
-        }
-        var checkpoints = niceness(of: "warden-checkpts")
-        for _ in 0..<100 where checkpoints.isEmpty {
-            try await Task.sleep(for: .milliseconds(20))
-            checkpoints = niceness(of: "warden-checkpts")
-        }
-        let base = Int(getpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0))
-        #expect(!checkpoints.isEmpty && checkpoints.allSatisfy { $0 == min(19, base + Int(Checkpointer.niceness)) }, "\(checkpoints)")
-        let writers = niceness(of: "warden-ledger") + niceness(of: "warden-walsync")
-        #expect(!writers.isEmpty && writers.allSatisfy { $0 == base }, "\(writers)")
-        await ledger.close()
-    }
-
     /// A new ledger has 4 KiB pages, and its WAL starts over at 256 MiB whatever the page size: a
     /// ledger made with 16 KiB pages keeps them, with a quarter of the pages before the WAL's
     /// checkpoint.
