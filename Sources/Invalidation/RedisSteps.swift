@@ -83,7 +83,7 @@ public struct RedisStepExecutor: StepExecutor {
     /// removes them.
     ///
     /// Each page (SSCAN, UNLINK, SREM) is one round trip: a script run by the server
-    /// (`purgePageScript`), which also makes the page atomic. A server that refuses scripts gets
+    /// (`purgePagesScript`), which also makes the page atomic. A server that refuses scripts gets
     /// the page in two round trips instead.
     ///
     /// `page`: where an earlier call left off (a purge whose first page was read with other
@@ -108,29 +108,6 @@ public struct RedisStepExecutor: StepExecutor {
         func done(_ set: String) -> StepOutcome { .done("\(members) listed, \(deleted) keys deleted from \(set)") }
     }
 
-    /// The purge-set script's arguments for one page of `set`, from `cursor`.
-    func scriptArguments(_ set: String, from cursor: String) -> [String] { ["1", set, cursor, String(chunk)] }
-
-    /// One page of a purge-set on the server: the members SSCAN lists from `ARGV[1]` (about
-    /// `ARGV[2]`), their keys unlinked, then the members removed from the set. Returns the next
-    /// cursor, how many members were listed and how many keys existed.
-    ///
-    /// The members go to UNLINK and SREM a thousand at a time: Lua's `unpack` takes at most
-    /// about 8,000, and a set the server keeps compact (`set-max-intset-entries` raised) is
-    /// listed whole by one SSCAN whatever the COUNT.
-    static let purgePageScript = """
-        local page = redis.call('SSCAN', KEYS[1], ARGV[1], 'COUNT', ARGV[2])
-        local members = page[2]
-        local deleted = 0
-        for j = 1, #members, 1000 do
-          local last = math.min(j + 999, #members)
-          deleted = deleted + redis.call('UNLINK', unpack(members, j, last))
-          redis.call('SREM', KEYS[1], unpack(members, j, last))
-        end
-        return {page[1], #members, deleted}
-        """
-    static let purgePageDigest = digest(purgePageScript)
-
     /// A script's SHA-1 in hex, as EVALSHA names it.
     static func digest(_ script: String) -> String {
         Insecure.SHA1.hash(data: Array(script.utf8)).map { byte in
@@ -144,13 +121,7 @@ public struct RedisStepExecutor: StepExecutor {
     func purgePageByScript(_ client: RedisClient, target: String, _ set: String, _ page: inout PurgeProgress)
         async throws(StepFailure) -> Bool
     {
-        let arguments = scriptArguments(set, from: page.cursor)
-        var reply = try await send(client, [["EVALSHA", Self.purgePageDigest] + arguments])[0]
-        if Self.isUncachedScript(reply) {
-            // Not in the server's script cache yet (or flushed): sent whole once, cached after.
-            reply = try await send(client, [["EVAL", Self.purgePageScript] + arguments])[0]
-        }
-        return try take(reply, target: target, &page)
+        try take(try await purgePages(client, [(set, page.cursor)])[0], target: target, &page)
     }
 
     static func isUncachedScript(_ reply: RedisReply) -> Bool {
@@ -175,21 +146,28 @@ public struct RedisStepExecutor: StepExecutor {
         return true
     }
 
-    /// The first page of each set in `KEYS` (from cursor 0, about `ARGV[1]` members), as
-    /// `purgePageScript` does it for one, in one call: for sets of a few sessions, one script run
-    /// for many events' purges costs the server about two thirds of what one run each does.
+    /// One page of each set in `KEYS`, from its cursor (`ARGV[1 + i]` for `KEYS[i]`; about
+    /// `ARGV[1]` members): the members SSCAN lists, their keys unlinked, then the members
+    /// removed from the set. For each set, the next cursor, how many members were listed and how
+    /// many keys existed. Many events' first pages go in one call: for sets of a few sessions,
+    /// that costs the server about two thirds of one call each.
+    ///
     /// Each set's reply is its own: a command refused for one set's keys (`WRONGTYPE`, a key the
     /// user may not touch) is that set's error, and the other sets are purged. Any other error
     /// (`READONLY` after a failover, `OOM`) ends the call and is its reply, as the error of a
     /// command would be: the client sees it, and the sets purged before it are purged again,
     /// with nothing left to delete, when their steps are retried.
-    static let purgeFirstPagesScript = """
+    ///
+    /// The members go to UNLINK and SREM a thousand at a time: Lua's `unpack` takes at most
+    /// about 8,000, and a set the server keeps compact (`set-max-intset-entries` raised) is
+    /// listed whole by one SSCAN whatever the COUNT.
+    static let purgePagesScript = """
         local function refusesTheKey(reply)
           return string.find(reply.err, '^WRONGTYPE') or string.find(reply.err, '^NOPERM')
         end
         local out = {}
         for i = 1, #KEYS do
-          local page = redis.pcall('SSCAN', KEYS[i], '0', 'COUNT', ARGV[1])
+          local page = redis.pcall('SSCAN', KEYS[i], ARGV[1 + i], 'COUNT', ARGV[1])
           if page.err then
             if not refusesTheKey(page) then return page end
             out[i] = page
@@ -217,46 +195,55 @@ public struct RedisStepExecutor: StepExecutor {
         end
         return out
         """
-    static let purgeFirstPagesDigest = digest(purgeFirstPagesScript)
+    static let purgePagesDigest = digest(purgePagesScript)
 
-    /// Sets per call of `purgeFirstPagesScript`: a call holds the server while it runs, so a batch
+    /// Sets per call of `purgePagesScript`: a call holds the server while it runs, so a batch
     /// of hundreds of events is sent as several calls (in one round trip) rather than one.
     static let setsPerScriptCall = 32
 
-    /// The command that runs `purgeFirstPagesScript` on `sets`: by digest, or with the script's
-    /// text (which the server then caches).
-    func firstPagesCommand(_ sets: ArraySlice<String>, withText: Bool) -> [String] {
-        var command = withText ? ["EVAL", Self.purgeFirstPagesScript] : ["EVALSHA", Self.purgeFirstPagesDigest]
-        command.reserveCapacity(sets.count + 4)
-        command.append(String(sets.count))
-        command.append(contentsOf: sets)
+    /// The command that runs `purgePagesScript` on `pages`: by digest, or with the script's text
+    /// (which the server then caches).
+    func pagesCommand(_ pages: ArraySlice<(set: String, cursor: String)>, withText: Bool) -> [String] {
+        var command = withText ? ["EVAL", Self.purgePagesScript] : ["EVALSHA", Self.purgePagesDigest]
+        command.reserveCapacity(pages.count * 2 + 4)
+        command.append(String(pages.count))
+        for page in pages { command.append(page.set) }
         command.append(String(chunk))
+        for page in pages { command.append(page.cursor) }
         return command
     }
 
-    /// Purge-set steps of many events on one target: the first page of every set in one round
-    /// trip (`purgeFirstPagesScript`, a call per `setsPerScriptCall` sets). A purge with more
-    /// pages goes on alone, as does every purge when the server does not run scripts.
-    func purgeSets(_ client: RedisClient, target: String, _ sets: [String]) async -> [StepOutcome] {
-        let calls = stride(from: 0, to: sets.count, by: Self.setsPerScriptCall).map { $0..<min($0 + Self.setsPerScriptCall, sets.count) }
+    /// One page of each set, from its cursor, in one round trip (a script call per
+    /// `setsPerScriptCall` sets): each set's reply, as `take` reads it. A call refused whole
+    /// (scripts refused, or an error of the server's) is each of its sets' reply.
+    func purgePages(_ client: RedisClient, _ pages: [(set: String, cursor: String)]) async throws(StepFailure) -> [RedisReply] {
+        let calls = stride(from: 0, to: pages.count, by: Self.setsPerScriptCall).map { $0..<min($0 + Self.setsPerScriptCall, pages.count) }
+        var answers = try await send(client, calls.map { pagesCommand(pages[$0], withText: false) })
+        // Not in the server's script cache yet (or flushed): those calls again with the text.
+        let uncached = answers.indices.filter { Self.isUncachedScript(answers[$0]) }
+        if !uncached.isEmpty {
+            let again = try await send(client, uncached.map { pagesCommand(pages[calls[$0]], withText: true) })
+            for (call, answer) in zip(uncached, again) { answers[call] = answer }
+        }
         var replies: [RedisReply] = []
-        replies.reserveCapacity(sets.count)
+        replies.reserveCapacity(pages.count)
+        for (call, answer) in zip(calls, answers) {
+            if case .array(let each) = answer, each.count == call.count {
+                replies.append(contentsOf: each)
+            } else {
+                replies.append(contentsOf: repeatElement(answer, count: call.count))
+            }
+        }
+        return replies
+    }
+
+    /// Purge-set steps of many events on one target: the first page of every set in one round
+    /// trip (`purgePages`). A purge with more pages goes on alone, as does every purge when the
+    /// server does not run scripts.
+    func purgeSets(_ client: RedisClient, target: String, _ sets: [String]) async -> [StepOutcome] {
+        let replies: [RedisReply]
         do throws(StepFailure) {
-            var answers = try await send(client, calls.map { firstPagesCommand(sets[$0], withText: false) })
-            // Not in the server's script cache yet (or flushed): those calls again with the text.
-            let uncached = answers.indices.filter { Self.isUncachedScript(answers[$0]) }
-            if !uncached.isEmpty {
-                let again = try await send(client, uncached.map { firstPagesCommand(sets[calls[$0]], withText: true) })
-                for (call, answer) in zip(uncached, again) { answers[call] = answer }
-            }
-            for (call, answer) in zip(calls, answers) {
-                // A call refused whole (scripts refused, or an error running it) is each set's reply.
-                if case .array(let each) = answer, each.count == call.count {
-                    replies.append(contentsOf: each)
-                } else {
-                    replies.append(contentsOf: repeatElement(answer, count: call.count))
-                }
-            }
+            replies = try await purgePages(client, sets.map { ($0, "0") })
         } catch {
             return Array(repeating: error.outcome, count: sets.count)
         }
@@ -265,8 +252,7 @@ public struct RedisStepExecutor: StepExecutor {
         for (i, reply) in replies.enumerated() {
             var page = PurgeProgress()
             do throws(StepFailure) {
-                let taken = Self.isUncachedScript(reply) ? false : try take(reply, target: target, &page)
-                if !taken {
+                if try !take(reply, target: target, &page) {
                     alone[i] = PurgeProgress()
                 } else if page.cursor != "0" {
                     alone[i] = page
