@@ -43,6 +43,8 @@ public struct EventPipeline: Sendable {
     /// Most records one ledger write holds while events' steps are running. Their outcomes are
     /// written between two intake writes, so each waits for at most the one under way: kept
     /// short, an answered revocation is durable within milliseconds (`warden_step_record_seconds`).
+    /// New events act together in groups of at most this many, whose outcomes are recorded in
+    /// one write each.
     public let maximumWriteWhileActing: Int
     /// Ledger writes under way at once. One at a time, the ledger would wait after each for
     /// this pipeline to take its result and start the next: with short writes while steps run,
@@ -163,10 +165,18 @@ public struct EventPipeline: Sendable {
                                 settle(work, turn, disposition)
                             }
                         }
-                        guard !together.isEmpty else { continue }
-                        steps.addTask { [together] in
-                            await processor.run(together: together.map(\.work)) { i, disposition in
-                                settle(together[i].work, together[i].turn, disposition)
+                        // In groups no larger than a write while acting: a group's outcomes
+                        // are answered together and recorded in one write, and a group of a
+                        // whole large write (taken while no steps ran) kept every one of its
+                        // outcomes waiting for that long write.
+                        var start = 0
+                        while start < together.count {
+                            let group = Array(together[start..<min(start + maximumWriteWhileActing, together.count)])
+                            start += group.count
+                            steps.addTask {
+                                await processor.run(together: group.map(\.work)) { i, disposition in
+                                    settle(group[i].work, group[i].turn, disposition)
+                                }
                             }
                         }
                     }

@@ -771,8 +771,12 @@ struct CoreTests {
         door.feed((0..<40).map { Self.token(Self.issuerA, "u\($0)", jti: "u-\($0)", key: Self.keyA) })
         #expect(await eventually { door.settled.all.compactMap { $0 }.count == 40 })
         #expect(world.ledger.state.withLock { $0.intakeWrites } == [40])
-        // The events of one write run together: their first steps in one call.
-        #expect(world.executor.batches.withLock { $0 } == [40])
+        // The events of one write run together, in groups no larger than a write while acting:
+        // each group's first steps in one call, their outcomes in one ledger write. A group of
+        // the whole long write had every one of its outcomes wait for that long write.
+        #expect(world.executor.batches.withLock { $0 } == [8, 8, 8, 8, 8])
+        let stepWrites = world.ledger.state.withLock { $0.stepWrites }
+        #expect(!stepWrites.isEmpty && stepWrites.allSatisfy { $0 <= 8 }, "\(stepWrites)")
 
         world.executor.hold("held")
         door.feed([Self.token(Self.issuerA, "held", jti: "held", key: Self.keyA)])

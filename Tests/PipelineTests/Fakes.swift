@@ -35,6 +35,8 @@ final class MemoryLedger: Ledger {
         var writes = 0
         /// How many entries each `record(_:)` call held (the intake's writes).
         var intakeWrites: [Int] = []
+        /// How many outcomes each `recordSteps(_:)` call held.
+        var stepWrites: [Int] = []
         /// How long each lease write takes (a ledger busy with other writes).
         var leaseDelay: Duration? = nil
         /// Reads of pending events fail (transiently) while set.
@@ -128,7 +130,8 @@ final class MemoryLedger: Ledger {
 
     func recordSteps(_ records: [RecordedStep]) async throws(LedgerError) -> RecordedSteps {
         RecordedSteps(refusals: try write { (s: inout State) throws(LedgerError) -> [LedgerError?] in
-            records.map { record -> LedgerError? in
+            s.stepWrites.append(records.count)
+            return records.map { record -> LedgerError? in
                 guard let i = s.events.firstIndex(where: { $0.id == record.eventID }),
                       let j = s.events[i].steps.firstIndex(where: { $0.index == record.index })
                 else { return LedgerError(.conflict, "event \(record.eventID) has no step \(record.index)") }
