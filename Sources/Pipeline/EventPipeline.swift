@@ -43,8 +43,8 @@ public struct EventPipeline: Sendable {
     /// Most records one ledger write holds while events' steps are running. Their outcomes are
     /// written between two intake writes, so each waits for at most the one under way: kept
     /// short, an answered revocation is durable within milliseconds (`warden_step_record_seconds`).
-    /// New events act together in groups of at most this many, whose outcomes are recorded in
-    /// one write each.
+    /// Records with steps to run are written this many at most even before any step runs: the
+    /// new events of one write act together, and their outcomes are recorded in one write.
     public let maximumWriteWhileActing: Int
     /// Ledger writes under way at once. One at a time, the ledger would wait after each for
     /// this pipeline to take its result and start the next: with short writes while steps run,
@@ -99,8 +99,11 @@ public struct EventPipeline: Sendable {
             }
             // The ledger writer: it takes every batch admitted since it last looked and writes
             // them in order, in atomic writes of at most `maximumWrite` records, or
-            // `maximumWriteWhileActing` while steps run (a step's outcome, written between two
-            // of them, waits for one short write at most). Up to `maximumWritesInFlight` writes
+            // `maximumWriteWhileActing` while steps run or when the records have steps to run
+            // (a step's outcome, written between two of them, waits for one short write at
+            // most). Written long while nothing acted yet, the new events of a write acted
+            // together and each of their outcomes waited for one long write of them all, behind
+            // the long intake writes cut meanwhile. Up to `maximumWritesInFlight` writes
             // are under way at once, so the ledger goes from one to the next without waiting
             // for this task to run again; while they wait for the disk, verification and
             // admission go on.
@@ -112,7 +115,9 @@ public struct EventPipeline: Sendable {
                         var start = 0
                         while start < records.count {
                             let ticket = await writes.start()
-                            let end = min(start + (processor.inSteps.isEmpty ? maximumWrite : maximumWriteWhileActing), records.count)
+                            let long = min(start + maximumWrite, records.count)
+                            let short = !processor.inSteps.isEmpty || !records[start..<long].allSatisfy(\.recordOnly)
+                            let end = short ? min(start + maximumWriteWhileActing, records.count) : long
                             let part = Array(records[start..<end])
                             start = end
                             writers.addTask { writes.finish(ticket, await processor.record(part)) }
@@ -165,18 +170,10 @@ public struct EventPipeline: Sendable {
                                 settle(work, turn, disposition)
                             }
                         }
-                        // In groups no larger than a write while acting: a group's outcomes
-                        // are answered together and recorded in one write, and a group of a
-                        // whole large write (taken while no steps ran) kept every one of its
-                        // outcomes waiting for that long write.
-                        var start = 0
-                        while start < together.count {
-                            let group = Array(together[start..<min(start + maximumWriteWhileActing, together.count)])
-                            start += group.count
-                            steps.addTask {
-                                await processor.run(together: group.map(\.work)) { i, disposition in
-                                    settle(group[i].work, group[i].turn, disposition)
-                                }
+                        guard !together.isEmpty else { continue }
+                        steps.addTask { [together] in
+                            await processor.run(together: together.map(\.work)) { i, disposition in
+                                settle(together[i].work, together[i].turn, disposition)
                             }
                         }
                     }

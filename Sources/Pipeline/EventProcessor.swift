@@ -119,6 +119,11 @@ public struct EventProcessor: Sendable {
             self.verdict = verdict
             self.entry = entry
         }
+
+        /// Nothing to run once written: a rejection, or an event planned without steps.
+        var recordOnly: Bool {
+            if case .event(_, _, let steps) = entry { steps.isEmpty } else { true }
+        }
     }
 
     /// Verifies every record of the batch, on every core.

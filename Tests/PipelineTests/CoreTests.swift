@@ -81,8 +81,8 @@ struct CoreTests {
         let seconds = Mutex(0.0)
     }
 
-    static func token(_ issuer: String, _ subject: String, jti: String, key: SigningKey) -> IntakeMessage {
-        let claims = SETMinter.riscClaims(issuer: issuer, audience: audience, subject: subject, jti: jti)
+    static func token(_ issuer: String, _ subject: String, jti: String, key: SigningKey, event: EventType = .sessionsRevoked) -> IntakeMessage {
+        let claims = SETMinter.riscClaims(issuer: issuer, audience: audience, event: event, subject: subject, jti: jti)
         return IntakeMessage(value: Array(try! SETMinter.token(claims: claims, key: key).utf8), source: "test:\(jti)", receivedAt: 1)
     }
 
@@ -768,12 +768,18 @@ struct CoreTests {
         let pipeline = EventPipeline(processor: world.processor, maximumWrite: 1024, maximumWriteWhileActing: 8)
         let door = HandDoor()
         let running = Task { await pipeline.run(door.stream) }
-        door.feed((0..<40).map { Self.token(Self.issuerA, "u\($0)", jti: "u-\($0)", key: Self.keyA) })
+        // Events with nothing to run (the policy has no rule for their type): one long write.
+        door.feed((0..<40).map { Self.token(Self.issuerA, "r\($0)", jti: "r-\($0)", key: Self.keyA, event: .accountDisabled) })
         #expect(await eventually { door.settled.all.compactMap { $0 }.count == 40 })
         #expect(world.ledger.state.withLock { $0.intakeWrites } == [40])
-        // The events of one write run together, in groups no larger than a write while acting:
-        // each group's first steps in one call, their outcomes in one ledger write. A group of
-        // the whole long write had every one of its outcomes wait for that long write.
+        #expect(world.executor.batches.withLock { $0 }.isEmpty)
+        // Events with steps, while none run yet: short writes too. The new events of one write
+        // act together (their first steps in one call, their outcomes in one ledger write): a
+        // long write of them had every one of its outcomes wait for one long outcome write,
+        // and the first to act for the long intake writes cut before them.
+        door.feed((0..<40).map { Self.token(Self.issuerA, "u\($0)", jti: "u-\($0)", key: Self.keyA) })
+        #expect(await eventually { door.settled.all.compactMap { $0 }.count == 80 })
+        #expect(world.ledger.state.withLock { $0.intakeWrites } == [40, 8, 8, 8, 8, 8])
         #expect(world.executor.batches.withLock { $0 } == [8, 8, 8, 8, 8])
         let stepWrites = world.ledger.state.withLock { $0.stepWrites }
         #expect(!stepWrites.isEmpty && stepWrites.allSatisfy { $0 <= 8 }, "\(stepWrites)")
@@ -783,13 +789,13 @@ struct CoreTests {
         #expect(await eventually { world.executor.waiting("held") == 1 })
         door.feed((0..<40).map { Self.token(Self.issuerA, "v\($0)", jti: "v-\($0)", key: Self.keyA) })
         #expect(await eventually { world.ledger.event("v-39") != nil })
-        #expect(world.ledger.state.withLock { $0.intakeWrites } == [40, 1, 8, 8, 8, 8, 8])
+        #expect(world.ledger.state.withLock { $0.intakeWrites } == [40, 8, 8, 8, 8, 8, 1, 8, 8, 8, 8, 8])
 
         world.executor.release("held")
         door.continuation.finish()
         await running.value
         let settled = door.settled.all
-        #expect(settled.count == 81)
+        #expect(settled.count == 121)
         #expect(settled.allSatisfy { if case .recorded(_, .processed)? = $0 { true } else { false } })
     }
 
