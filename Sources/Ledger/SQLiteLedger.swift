@@ -852,7 +852,21 @@ final class BatchWriter: Sendable {
         var urgent: [Job] = []
         var closed = false
         var finished: CheckedContinuation<Void, Never>? = nil
+
+        /// The oldest urgent writes, as many as one transaction takes.
+        mutating func takeUrgent() -> [Job] {
+            let taken = Array(urgent.prefix(BatchWriter.urgentPerTransaction))
+            urgent.removeFirst(taken.count)
+            return taken
+        }
     }
+
+    /// Urgent writes one transaction takes at most. Each of the step runner's holds up to a
+    /// short intake write's worth of outcomes (96). Once the writer fell behind, a transaction
+    /// took every one queued: up to seven of them joined one intake write, and all their
+    /// outcomes waited for that one long transaction, and then for its sync. Two at a time, the
+    /// first are durable while the writer goes on with the next (the syncer syncs beside it).
+    static let urgentPerTransaction = 2
 
     private let database: DatabaseQueue
     private let queue = Mutex(Queue())
@@ -926,17 +940,17 @@ final class BatchWriter: Sendable {
         await exited.waitOffThePool()
     }
 
-    /// Each turn: the urgent writes, then the next transaction's worth of the others (a write
-    /// `alone`, or every write queued before the next one alone), while urgent writes queued
-    /// meanwhile join it.
+    /// Each turn: the oldest urgent writes (`urgentPerTransaction`); once none is left, the next
+    /// transaction's worth of the others (a write `alone`, or every write queued before the next
+    /// one alone), which urgent writes queued meanwhile join, as many as one transaction takes.
     private func loop() {
         // Transactions committed so far.
         var commits = 0
         while true {
             let (urgent, batch, closed) = queue.withLock { q -> ([Job], [Job], Bool) in
-                let urgent = q.urgent
-                q.urgent = []
-                let count = q.jobs.first.map { $0.alone ? 1 : (q.jobs.firstIndex(where: \.alone) ?? q.jobs.count) } ?? 0
+                let urgent = q.takeUrgent()
+                // The intake's next write waits until no urgent write is left.
+                let count = !q.urgent.isEmpty ? 0 : q.jobs.first.map { $0.alone ? 1 : (q.jobs.firstIndex(where: \.alone) ?? q.jobs.count) } ?? 0
                 let batch = Array(q.jobs.prefix(count))
                 q.jobs.removeFirst(count)
                 return (urgent, batch, q.closed)
@@ -959,8 +973,9 @@ final class BatchWriter: Sendable {
     /// runs again in a transaction of its own, so one bad write cannot fail the others.
     ///
     /// `joiningUrgent`: urgent writes queued while the batch ran join its transaction before it
-    /// commits, so a step's outcome answered during an intake write is durable with that write's
-    /// commit, not after a transaction (and a sync) of its own.
+    /// commits (the oldest, `urgentPerTransaction` at most), so a step's outcome answered during
+    /// an intake write is durable with that write's commit, not after a transaction (and a sync)
+    /// of its own.
     private func run(_ jobs: [Job], joiningUrgent: Bool = false, commits: inout Int) {
         var batch = jobs
         do {
@@ -987,10 +1002,7 @@ final class BatchWriter: Sendable {
             defer { wrote = db.totalChangesCount != changesBefore }
             for job in jobs { try job.execute(db) }
             if joiningUrgent {
-                let late = queue.withLock { q -> [Job] in
-                    defer { q.urgent = [] }
-                    return q.urgent
-                }
+                let late = queue.withLock { $0.takeUrgent() }
                 jobs += late
                 for job in late { try job.execute(db) }
             }

@@ -739,6 +739,30 @@ struct SQLiteLedgerTests {
         await ledger.close()
     }
 
+    /// Urgent writes queued while the writer is busy are committed a few to a transaction
+    /// (`urgentPerTransaction`), oldest first, all before the intake's next write. Once the
+    /// writer fell behind, one transaction took every outcome queued, and each waited for all.
+    @Test func urgentWritesAreCommittedAFewToATransactionBeforeTheIntakesNext() async throws {
+        let ledger = try SQLiteLedger(path: Self.temporaryPath())
+        let held = await HeldWrite(ledger)
+        async let intake = ledger.writer.submitTimed(alone: true) { _ in 0 }
+        #expect(await eventually { ledger.writer.queued == 1 })
+        let perTransaction = BatchWriter.urgentPerTransaction
+        var urgent: [Task<BatchWriter.Commit, any Error>] = []
+        for i in 0...(2 * perTransaction) {
+            urgent.append(Task { try await ledger.writer.submitTimed(urgent: true) { _ in i }.1 })
+            #expect(await eventually { ledger.writer.urgentQueued == i + 1 })
+        }
+        let heldCommit = try await held.release()
+        var commits: [Int] = []
+        for write in urgent { commits.append(try await write.value.number) }
+        // The oldest join the write under way; the others follow, as many to a transaction.
+        #expect(commits == commits.indices.map { heldCommit.number + $0 / perTransaction })
+        #expect(Set(commits).count == 3, "not every urgent write in the one under way")
+        #expect(try await intake.1.number == commits.last! + 1, "the intake's next write waits for every urgent one")
+        await ledger.close()
+    }
+
     /// Writes queued together share a transaction, except a write its caller sized (`alone`,
     /// the pipeline's intake batches): it is committed by itself, so a step's outcome never
     /// waits for several of them.
