@@ -179,6 +179,74 @@ struct SQLiteLedgerTests {
         await reopened.close()
     }
 
+    /// Frames in the WAL of the ledger at `path` (read by another process: its passive
+    /// checkpoint copies nothing new and reports the WAL's length).
+    static func walFrames(_ path: String) async throws -> Int {
+        let answer = try await runProgram("/usr/bin/sqlite3", [path, "PRAGMA wal_checkpoint(PASSIVE)"])
+        return Int(answer.split(separator: "|")[1])!
+    }
+
+    /// The checkpoint thread has the WAL start over once it holds `walRestartBytes`, long
+    /// before the writer's own checkpoint (at 256 MiB) would, and nothing is lost.
+    @Test func theCheckpointThreadHasTheWALStartOver() async throws {
+        let path = Self.temporaryPath()
+        let ledger = try SQLiteLedger(path: path, syncWAL: { fdatasync($0) }, walRestartBytes: 64 * 4096)
+        for i in 0..<40 { _ = try await ledger.claim(Self.event(jti: "e-\(i)"), outcome: .processed, steps: []) }
+        #expect(await eventually { ledger.checkpointer.restarts.load(ordering: .acquiring) > 0 })
+        _ = try await ledger.claim(Self.event(jti: "after"), outcome: .processed, steps: [])
+        // The WAL holds the frames written since it started over, not every write's.
+        let frames = try await Self.walFrames(path)
+        #expect(frames > 0 && frames < 64, "\(frames) frames")
+        await ledger.close()
+        let reopened = try SQLiteLedger(path: path)
+        #expect(try reopened.events().count == 41)
+        guard case .intact(let count, _, _) = try await reopened.checkAuditChain() else { Issue.record("the audit chain is broken"); return }
+        #expect(count == 41)
+        await reopened.close()
+    }
+
+    /// A failed sync of the database before the WAL starts over stops the process: the failure
+    /// is told once, and SQLite's next sync would succeed and let the WAL, which still holds the
+    /// pages, be overwritten. The WAL is left as it was, for the next start to recover from.
+    @Test func aFailedSyncBeforeTheWALStartsOverStopsTheProcess() async throws {
+        await #expect(processExitsWith: .failure) {
+            let ledger = try SQLiteLedger(path: SQLiteLedgerTests.temporaryPath(), syncWAL: { fdatasync($0) }, walRestartBytes: 64 * 4096,
+                                          syncDatabase: { _ in
+                                              errno = EIO
+                                              return -1
+                                          })
+            for i in 0..<40 { _ = try await ledger.claim(SQLiteLedgerTests.event(jti: "e-\(i)"), outcome: .processed, steps: []) }
+            try await Task.sleep(for: .seconds(10))
+        }
+    }
+
+    /// A reader still on the WAL's older frames keeps it from starting over, and the checkpoint
+    /// thread does not try while it is there (each try would hold the writer back); once the
+    /// reader is done, the WAL starts over.
+    @Test func aReaderOnTheWALDefersItsRestart() async throws {
+        let path = Self.temporaryPath()
+        let ledger = try SQLiteLedger(path: path, syncWAL: { fdatasync($0) }, walRestartBytes: 64 * 4096)
+        _ = try await ledger.claim(Self.event(jti: "first"), outcome: .processed, steps: [])
+        let reader = try DatabaseQueue(path: path)
+        let entered = DispatchSemaphore(value: 0), gate = DispatchSemaphore(value: 0)
+        let holding = Task.detached {
+            try reader.read { db in
+                _ = try Int.fetchOne(db, sql: "SELECT count(*) FROM events")
+                entered.signal()
+                gate.wait()
+            }
+        }
+        await entered.waitOffThePool()
+        for i in 0..<40 { _ = try await ledger.claim(Self.event(jti: "e-\(i)"), outcome: .processed, steps: []) }
+        try await Self.waitForPasses(3, of: ledger)
+        #expect(ledger.checkpointer.restartAttempts.load(ordering: .acquiring) == 0)
+        #expect(try await Self.walFrames(path) >= 64)
+        gate.signal()
+        try await holding.value
+        #expect(await eventually { ledger.checkpointer.restarts.load(ordering: .acquiring) > 0 })
+        await ledger.close()
+    }
+
     /// Waits for `count` more passes of `ledger`'s checkpoint thread.
     static func waitForPasses(_ count: Int, of ledger: SQLiteLedger) async throws {
         let checkpointer = ledger.checkpointer
