@@ -763,6 +763,32 @@ struct SQLiteLedgerTests {
         await ledger.close()
     }
 
+    /// Closing (on SIGTERM) while outcomes and an intake write are queued behind a write under
+    /// way commits every one of them, outcomes first, before the ledger closes: none is left
+    /// unanswered behind the urgent ones.
+    @Test(.timeLimit(.minutes(1))) func closingCommitsTheUrgentAndTheIntakeWritesQueued() async throws {
+        let ledger = try SQLiteLedger(path: Self.temporaryPath())
+        let held = await HeldWrite(ledger)
+        async let intake = ledger.writer.submitTimed(alone: true) { db in
+            try SQLiteLedger.claimForTesting(Self.event(jti: "queued"), in: db)
+        }
+        #expect(await eventually { ledger.writer.queued == 1 })
+        var urgent: [Task<BatchWriter.Commit, any Error>] = []
+        for i in 0...(2 * BatchWriter.urgentPerTransaction) {
+            urgent.append(Task { try await ledger.writer.submitTimed(urgent: true) { _ in i }.1 })
+            #expect(await eventually { ledger.writer.urgentQueued == i + 1 })
+        }
+        let closing = Task { await ledger.close() }
+        _ = try await held.release()
+        var commits: [Int] = []
+        for write in urgent { commits.append(try await write.value.number) }
+        let (claim, intakeCommit) = try await intake
+        guard case .new = claim else { Issue.record("the queued intake write was not committed: \(claim)"); return }
+        #expect(commits.allSatisfy { $0 < intakeCommit.number })
+        await closing.value
+        #expect(try ledger.events().map(\.jti) == ["queued"])
+    }
+
     /// Writes queued together share a transaction, except a write its caller sized (`alone`,
     /// the pipeline's intake batches): it is committed by itself, so a step's outcome never
     /// waits for several of them.
