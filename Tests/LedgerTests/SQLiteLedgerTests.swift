@@ -179,6 +179,89 @@ struct SQLiteLedgerTests {
         await reopened.close()
     }
 
+    /// Frames in the WAL of the ledger at `path` (read by another process: its passive
+    /// checkpoint copies nothing new and reports the WAL's length).
+    static func walFrames(_ path: String) async throws -> Int {
+        let answer = try await runProgram("/usr/bin/sqlite3", [path, "PRAGMA wal_checkpoint(PASSIVE)"])
+        return Int(answer.split(separator: "|")[1])!
+    }
+
+    /// A read transaction of another connection, begun on the WAL and held until `release`: the
+    /// checkpoints cannot copy past the frames it reads. Raw SQLite calls on the caller's own
+    /// thread: nothing of Swift's pool is held while it waits.
+    final class HeldSnapshot {
+        private var connection: OpaquePointer?
+        init(_ path: String) throws {
+            guard sqlite3_open_v2(path, &connection, SQLITE_OPEN_READWRITE, nil) == SQLITE_OK,
+                  sqlite3_exec(connection, "BEGIN; SELECT count(*) FROM events;", nil, nil, nil) == SQLITE_OK
+            else { throw CocoaError(.fileReadUnknown) }
+        }
+        func release() {
+            sqlite3_exec(connection, "COMMIT", nil, nil, nil)
+            sqlite3_close_v2(connection)
+            connection = nil
+        }
+    }
+
+    /// The WAL's size from which the tests' ledgers have it start over: above what a new
+    /// ledger's schema and first writes make (about 60 frames).
+    static let restartFrames = 128
+
+    /// The checkpoint thread has the WAL start over once it holds `walRestartBytes` with every
+    /// frame copied, long before the writer's own checkpoint (at 256 MiB) would, and nothing is
+    /// lost. A reader still on the WAL's older frames defers it: no pass tries while it is there
+    /// (each try would hold the writer back). Once it has started over, an idle ledger is not
+    /// made to start over again at every pass.
+    @Test func theCheckpointThreadHasTheWALStartOver() async throws {
+        let path = Self.temporaryPath()
+        let ledger = try SQLiteLedger(path: path, syncWAL: { fdatasync($0) }, walRestartBytes: Self.restartFrames * 4096)
+        let checkpointer = ledger.checkpointer
+        _ = try await ledger.claim(Self.event(jti: "first"), outcome: .processed, steps: [])
+        let reader = try HeldSnapshot(path)
+        let triedBefore = checkpointer.restartAttempts.load(ordering: .acquiring)
+        for i in 0..<60 { _ = try await ledger.claim(Self.event(jti: "e-\(i)"), outcome: .processed, steps: []) }
+        try await Self.waitForPasses(3, of: ledger)
+        let held = try await Self.walFrames(path)
+        #expect(held >= Self.restartFrames, "\(held) frames")
+        #expect(checkpointer.restartAttempts.load(ordering: .acquiring) == triedBefore)
+        reader.release()
+        #expect(await eventually { checkpointer.restarts.load(ordering: .acquiring) > 0 })
+        // Idle, the WAL is the one just restarted after: no pass tries again.
+        let tried = checkpointer.restartAttempts.load(ordering: .acquiring)
+        try await Self.waitForPasses(3, of: ledger)
+        #expect(checkpointer.restartAttempts.load(ordering: .acquiring) == tried)
+        // The next write starts the WAL over: it holds that write's frames, not every write's.
+        _ = try await ledger.claim(Self.event(jti: "after"), outcome: .processed, steps: [])
+        let frames = try await Self.walFrames(path)
+        #expect(frames > 0 && frames < held, "\(frames) frames")
+        await ledger.close()
+        let reopened = try SQLiteLedger(path: path)
+        #expect(try reopened.events().count == 62)
+        guard case .intact(let count, _, _) = try await reopened.checkAuditChain() else { Issue.record("the audit chain is broken"); return }
+        #expect(count == 62)
+        await reopened.close()
+    }
+
+    /// A failed sync of the database before the WAL starts over stops the process: the failure
+    /// is told once, and SQLite's next sync would succeed and let the WAL, which still holds the
+    /// pages, be overwritten. The WAL is left as it was, for the next start to recover from.
+    @Test func aFailedSyncBeforeTheWALStartsOverStopsTheProcess() async throws {
+        await #expect(processExitsWith: .failure) {
+            let path = SQLiteLedgerTests.temporaryPath()
+            let ledger = try SQLiteLedger(path: path, syncWAL: { fdatasync($0) }, walRestartBytes: SQLiteLedgerTests.restartFrames * 4096,
+                                          syncDatabase: { _ in
+                                              errno = EIO
+                                              return -1
+                                          })
+            _ = try await ledger.claim(SQLiteLedgerTests.event(jti: "first"), outcome: .processed, steps: [])
+            // Held while the WAL grows, so that the writer does not start it over by itself.
+            let reader = try SQLiteLedgerTests.HeldSnapshot(path)
+            for i in 0..<60 { _ = try await ledger.claim(SQLiteLedgerTests.event(jti: "e-\(i)"), outcome: .processed, steps: []) }
+            reader.release()
+            try await Task.sleep(for: .seconds(10))
+        }
+    }
+
     /// Waits for `count` more passes of `ledger`'s checkpoint thread.
     static func waitForPasses(_ count: Int, of ledger: SQLiteLedger) async throws {
         let checkpointer = ledger.checkpointer
