@@ -1068,7 +1068,15 @@ final class Checkpointer: Sendable {
             var restartedAfter = -1
             while !closed.load(ordering: .acquiring) {
                 _ = wake.wait(timeout: .now() + Self.interval)
-                guard let pass = try? database.writeWithoutTransaction({ try $0.checkpoint(.passive) }) else { continue }
+                let pass: (walFrameCount: Int, checkpointedFrameCount: Int)
+                do {
+                    pass = try database.writeWithoutTransaction { try $0.checkpoint(.passive) }
+                } catch {
+                    // Busy (another checkpoint) or anything a later pass may mend: tried again
+                    // then. Not a failed sync (see `stopIfSyncFailed`).
+                    Self.stopIfSyncFailed(error, path: path)
+                    continue
+                }
                 // SQLite syncs the database after a pass only if the pass reached the WAL's end,
                 // which under load it never does: the writer commits while it copies. Left to the
                 // kernel's flusher, the copied pages stay dirty long enough for the writer's own
@@ -1077,7 +1085,8 @@ final class Checkpointer: Sendable {
                 // have copied pages (the WAL's frames or SQLite's count of those copied moved),
                 // so that sync finds little left. This is not a sync and nothing rests on it: it
                 // changes only when the kernel writes these pages, and a failure to write them is
-                // reported to SQLite's next sync of the file, as one of the flusher's would be.
+                // reported to the next sync of the file, as one of the flusher's would be (and
+                // stops the process: `stopIfSyncFailed`).
                 let now = (frames: pass.walFrameCount, copied: pass.checkpointedFrameCount)
                 if now != seen {
                     seen = now
@@ -1107,27 +1116,23 @@ final class Checkpointer: Sendable {
     /// under load; every step's outcome waited).
     ///
     /// Here the database is first synced beside the writer. Then a `RESTART` checkpoint holds
-    /// the writer back only while it copies the frames committed since the pass, and syncs the
-    /// few pages they make. It is tried again while the writer is in a transaction, at most
-    /// `restartTries` times, and never waits for a reader (its connection has no busy
-    /// handler). Whatever does not happen here is left to the next pass, or to the writer's own
-    /// checkpoint, as before.
+    /// the writer back while it copies the frames committed since the pass and syncs the WAL and
+    /// the few database pages they make (a write meanwhile waits in the writer's busy handler).
+    /// It is tried again while the writer is in a transaction (each such try is a passive
+    /// checkpoint), at most `restartTries` times, and no try waits for a reader (its connection
+    /// has no busy handler). Whatever does not happen here is left to the next pass, or to the
+    /// writer's own checkpoint, as before.
     ///
-    /// A failed sync of the database stops the process, as one of the WAL does: the failure is
-    /// reported once, to this call, and SQLite's own next sync would then succeed and let the
-    /// WAL, which still holds those pages, be overwritten.
+    /// A failed sync of the database stops the process, as one of the WAL does (see
+    /// `stopIfSyncFailed`).
     ///
     /// (When the writer is idle, a pass that copies every frame is enough: the writer's next
     /// write starts the WAL over by itself. Under load a pass never finds every frame copied when
     /// the writer begins its next transaction.)
     ///
-    /// Returns the WAL's frames the checkpoint copied, or nil if no checkpoint was made.
+    /// Returns the WAL's frames when it was made to start over, or nil if it was not.
     private func restart(databaseFile: Int32, path: String, sync: @Sendable (Int32) -> Int32) -> Int? {
-        guard sync(databaseFile) == 0 else {
-            let reason = String(cString: strerror(errno))
-            FileHandle.standardError.write(Data("warden: cannot sync the SQLite ledger \(path): \(reason); stopping\n".utf8))
-            fatalError("cannot sync the SQLite ledger \(path)")
-        }
+        guard sync(databaseFile) == 0 else { Self.stopAfterFailedSync(path: path, reason: String(cString: strerror(errno))) }
         for _ in 0..<Self.restartTries {
             restartAttempts.add(1, ordering: .releasing)
             do {
@@ -1137,10 +1142,31 @@ final class Checkpointer: Sendable {
             } catch let error as DatabaseError where error.resultCode == .SQLITE_BUSY {
                 usleep(500)
             } catch {
+                Self.stopIfSyncFailed(error, path: path)
                 return nil
             }
         }
         return nil
+    }
+
+    /// Stops the process if `error` is a failed sync of the ledger's files (SQLite's own, within
+    /// a checkpoint); any other failure of a checkpoint is left for a later one to mend.
+    ///
+    /// Linux reports a failed writeback once, to the next sync of the file; the pages it lost
+    /// are clean in memory, and a later sync succeeds without them. A pass that stopped short of
+    /// the WAL's end counted its frames copied without a sync, so no later checkpoint copies them
+    /// again: once one succeeds, the WAL, the only copy left, may be overwritten. Stopping here,
+    /// with the WAL as it is, lets the next start recover from it (PostgreSQL stops for the same
+    /// reason on a failed fsync).
+    static func stopIfSyncFailed(_ error: any Error, path: String) {
+        guard let error = error as? DatabaseError,
+              error.extendedResultCode == .SQLITE_IOERR_FSYNC || error.extendedResultCode == .SQLITE_IOERR_DIR_FSYNC else { return }
+        stopAfterFailedSync(path: path, reason: error.message ?? "\(error.extendedResultCode)")
+    }
+
+    private static func stopAfterFailedSync(path: String, reason: String) -> Never {
+        FileHandle.standardError.write(Data("warden: cannot sync the SQLite ledger \(path): \(reason); stopping\n".utf8))
+        fatalError("cannot sync the SQLite ledger \(path)")
     }
 
     /// The descriptor SQLite holds for the database file on this connection, or nil if it cannot

@@ -179,28 +179,39 @@ struct SQLiteLedgerTests {
         await reopened.close()
     }
 
-    /// Frames in the WAL of the ledger at `path` (read by another process: its passive
-    /// checkpoint copies nothing new and reports the WAL's length).
+    /// Frames in the WAL of the ledger at `path`, as another process's passive checkpoint
+    /// reports them; asked again while the ledger's own checkpoint keeps it busy (`1|-1|-1`).
     static func walFrames(_ path: String) async throws -> Int {
-        let answer = try await runProgram("/usr/bin/sqlite3", [path, "PRAGMA wal_checkpoint(PASSIVE)"])
-        return Int(answer.split(separator: "|")[1])!
+        for _ in 0..<200 {
+            let answer = try await runProgram("/usr/bin/sqlite3", [path, "PRAGMA wal_checkpoint(PASSIVE)"]).split(separator: "|")
+            if answer.first == "0", answer.count == 3, let frames = Int(answer[1]) { return frames }
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        Issue.record("the WAL of \(path) stayed busy")
+        return -1
     }
 
-    /// A read transaction of another connection, begun on the WAL and held until `release`: the
-    /// checkpoints cannot copy past the frames it reads. Raw SQLite calls on the caller's own
-    /// thread: nothing of Swift's pool is held while it waits.
+    /// A read transaction of another connection, held until `release`: while it reads the WAL,
+    /// the checkpoints cannot copy past the frames it reads; while it reads the database file
+    /// alone (the WAL was all copied when it began), they copy nothing. Either way the WAL
+    /// cannot start over. Raw SQLite calls, each short: no thread waits while it is held.
     final class HeldSnapshot {
         private var connection: OpaquePointer?
         init(_ path: String) throws {
             guard sqlite3_open_v2(path, &connection, SQLITE_OPEN_READWRITE, nil) == SQLITE_OK,
                   sqlite3_exec(connection, "BEGIN; SELECT count(*) FROM events;", nil, nil, nil) == SQLITE_OK
-            else { throw CocoaError(.fileReadUnknown) }
+            else {
+                release()
+                throw CocoaError(.fileReadUnknown)
+            }
         }
         func release() {
+            guard let connection else { return }
             sqlite3_exec(connection, "COMMIT", nil, nil, nil)
             sqlite3_close_v2(connection)
-            connection = nil
+            self.connection = nil
         }
+        deinit { release() }
     }
 
     /// The WAL's size from which the tests' ledgers have it start over: above what a new
@@ -246,7 +257,7 @@ struct SQLiteLedgerTests {
     /// is told once, and SQLite's next sync would succeed and let the WAL, which still holds the
     /// pages, be overwritten. The WAL is left as it was, for the next start to recover from.
     @Test func aFailedSyncBeforeTheWALStartsOverStopsTheProcess() async throws {
-        await #expect(processExitsWith: .failure) {
+        let exit = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
             let path = SQLiteLedgerTests.temporaryPath()
             let ledger = try SQLiteLedger(path: path, syncWAL: { fdatasync($0) }, walRestartBytes: SQLiteLedgerTests.restartFrames * 4096,
                                           syncDatabase: { _ in
@@ -259,6 +270,24 @@ struct SQLiteLedgerTests {
             for i in 0..<60 { _ = try await ledger.claim(SQLiteLedgerTests.event(jti: "e-\(i)"), outcome: .processed, steps: []) }
             reader.release()
             try await Task.sleep(for: .seconds(10))
+        }
+        let said = String(decoding: exit?.standardErrorContent ?? [], as: UTF8.self)
+        #expect(said.contains("cannot sync the SQLite ledger"), "\(said.suffix(400))")
+    }
+
+    /// A sync that failed within one of SQLite's checkpoints stops the process too: the pages
+    /// lost may belong to frames an earlier pass counted copied, which no checkpoint copies
+    /// again. Any other failure of a checkpoint (busy, a failed read) is left to the next one.
+    @Test func aFailedSyncWithinACheckpointStopsTheProcess() async throws {
+        for code in [ResultCode.SQLITE_BUSY, .SQLITE_IOERR_READ, .SQLITE_IOERR_WRITE, .SQLITE_FULL] {
+            Checkpointer.stopIfSyncFailed(DatabaseError(resultCode: code), path: "/nowhere")
+        }
+        for code: Int32 in [ResultCode.SQLITE_IOERR_FSYNC.rawValue, ResultCode.SQLITE_IOERR_DIR_FSYNC.rawValue] {
+            let exit = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) { [code = code as Int32] in
+                Checkpointer.stopIfSyncFailed(DatabaseError(resultCode: ResultCode(rawValue: code), message: "disk I/O error"), path: "/nowhere")
+            }
+            let said = String(decoding: exit?.standardErrorContent ?? [], as: UTF8.self)
+            #expect(said.contains("cannot sync the SQLite ledger /nowhere: disk I/O error; stopping"), "\(said.suffix(400))")
         }
     }
 
