@@ -19,6 +19,8 @@ public final class SQLiteLedger: AuditingLedger {
     /// The audit fields of events this ledger claimed with steps, until their outcome is recorded.
     let claimed = ClaimedEvents()
     let checkpointer: Checkpointer
+    /// The writer's own checkpoint, once the WAL holds 256 MiB.
+    let writerCheckpoint: WriterCheckpoint
     /// Reads for audits and replays, beside the writer (WAL: each sees what is committed).
     let reader: SQLiteLedgerReader
     /// The writer's WAL writes are gathered into one per commit (see `writerLocation`).
@@ -32,11 +34,14 @@ public final class SQLiteLedger: AuditingLedger {
     /// `startWriteback`: how the checkpoints' pages are sent to the disk (tests watch it).
     /// `walRestartBytes`: the WAL's size from which the checkpoint thread has it start over,
     /// after syncing the database file with `syncDatabase` (0 on success).
+    /// `writerCheckpointBytes`: the WAL's size from which the writer checkpoints by itself.
     init(path: String, syncWAL: @escaping @Sendable (Int32) -> Int32,
          startWriteback: @escaping @Sendable (Int32) -> Int32 = { warden_start_writeback($0) },
          walRestartBytes: Int = Checkpointer.restartBytes,
-         syncDatabase: @escaping @Sendable (Int32) -> Int32 = { fdatasync($0) }) throws(LedgerError) {
+         syncDatabase: @escaping @Sendable (Int32) -> Int32 = { fdatasync($0) },
+         writerCheckpointBytes: Int = WriterCheckpoint.bytes) throws(LedgerError) {
         self.path = path
+        var writerCheckpoint: WriterCheckpoint? = nil
         var configuration = Configuration()
         configuration.busyMode = .timeout(10)
         configuration.prepareDatabase { db in
@@ -76,12 +81,13 @@ public final class SQLiteLedger: AuditingLedger {
                 // while the writer goes on, and has the WAL start over at 128 MiB
                 // (`Checkpointer.restart`). The writer still checkpoints by itself once the WAL
                 // holds 256 MiB (a reader kept it from starting over), so that it starts over
-                // then. The threshold is counted in pages, of the size the file has once made
-                // (here, whichever process made it).
-                try opened.writeWithoutTransaction { db in
-                    let pageSize = try Int.fetchOne(db, sql: "PRAGMA page_size") ?? 4096
-                    try db.execute(sql: "PRAGMA wal_autocheckpoint = \((256 << 20) / pageSize)")
-                }
+                // then (`WriterCheckpoint`, in place of SQLite's autocheckpoint). The threshold is
+                // counted in pages, of the size the file has once made (here, whichever process
+                // made it).
+                let pageSize = try opened.inDatabase { try Int.fetchOne($0, sql: "PRAGMA page_size") } ?? 4096
+                let checkpoint = WriterCheckpoint(frames: max(1, writerCheckpointBytes / pageSize), path: path)
+                opened.inDatabase { checkpoint.install(on: $0) }
+                writerCheckpoint = checkpoint
                 // The WAL is open once the migrations have read the schema. Linked only in the
                 // normal locking mode, in which each transaction takes the WAL's write lock.
                 gathersWALWrites = try opened.inDatabase { db in
@@ -100,7 +106,8 @@ public final class SQLiteLedger: AuditingLedger {
         let syncer = try WALSyncer(walPath: path + "-wal", sync: syncWAL)
         reader = try SQLiteLedgerReader(path: path)
         checkpointer = try Checkpointer(path: path, startWriteback: startWriteback, syncDatabase: syncDatabase, restartBytes: walRestartBytes)
-        writer = BatchWriter(database: database, syncer: syncer)
+        self.writerCheckpoint = writerCheckpoint!
+        writer = BatchWriter(database: database, syncer: syncer, keeping: writerCheckpoint!)
     }
 
     /// Whether SQLite's page cache is the one that keeps the number SQLite lends a page during a
@@ -879,10 +886,13 @@ final class BatchWriter: Sendable {
     private let exited = DispatchSemaphore(value: 0)
 
     private let syncer: WALSyncer
+    /// What the connection's WAL hook points to: kept as long as the writer may commit.
+    private let walHook: WriterCheckpoint
 
-    init(database: DatabaseQueue, syncer: WALSyncer) {
+    init(database: DatabaseQueue, syncer: WALSyncer, keeping walHook: WriterCheckpoint) {
         self.database = database
         self.syncer = syncer
+        self.walHook = walHook
         syncer.start()
         let thread = Thread { [self] in
             nameThisThread("warden-ledger")
@@ -1159,12 +1169,13 @@ final class Checkpointer: Sendable {
     /// with the WAL as it is, lets the next start recover from it (PostgreSQL stops for the same
     /// reason on a failed fsync).
     static func stopIfSyncFailed(_ error: any Error, path: String) {
-        guard let error = error as? DatabaseError,
-              error.extendedResultCode == .SQLITE_IOERR_FSYNC || error.extendedResultCode == .SQLITE_IOERR_DIR_FSYNC else { return }
+        guard let error = error as? DatabaseError, isFailedSync(error.extendedResultCode) else { return }
         stopAfterFailedSync(path: path, reason: error.message ?? "\(error.extendedResultCode)")
     }
 
-    private static func stopAfterFailedSync(path: String, reason: String) -> Never {
+    static func isFailedSync(_ code: ResultCode) -> Bool { code == .SQLITE_IOERR_FSYNC || code == .SQLITE_IOERR_DIR_FSYNC }
+
+    static func stopAfterFailedSync(path: String, reason: String) -> Never {
         FileHandle.standardError.write(Data("warden: cannot sync the SQLite ledger \(path): \(reason); stopping\n".utf8))
         fatalError("cannot sync the SQLite ledger \(path)")
     }
@@ -1203,6 +1214,46 @@ final class Checkpointer: Sendable {
         closed.store(true, ordering: .releasing)
         wake.signal()
         await exited.waitOffThePool()
+    }
+}
+
+/// The writer's own checkpoint, once the WAL holds `frames` frames: what SQLite's
+/// autocheckpoint does after a commit, except that a failed sync within it stops the process
+/// (`Checkpointer.stopIfSyncFailed`), where SQLite's drops every error of its own.
+///
+/// `@unchecked Sendable`: its fields are constants; SQLite calls the hook on the writer's
+/// connection, from whichever thread commits.
+final class WriterCheckpoint: @unchecked Sendable {
+    /// The WAL's size from which the writer checkpoints by itself.
+    static let bytes = 256 << 20
+
+    let frames: Int32
+    let path: String
+    /// Checkpoints made (tests).
+    let made = Atomic(0)
+
+    init(frames: Int, path: String) {
+        self.frames = Int32(clamping: frames)
+        self.path = path
+    }
+
+    /// Installs this as `db`'s WAL hook, which SQLite calls after each commit with the WAL's
+    /// frames. It replaces SQLite's autocheckpoint (`PRAGMA wal_autocheckpoint` then reads 0).
+    /// The connection must not commit once this is released: its owner keeps it.
+    func install(on db: Database) {
+        sqlite3_wal_hook(db.sqliteConnection, { context, connection, name, frames in
+            guard let context else { return SQLITE_OK }
+            let hook = Unmanaged<WriterCheckpoint>.fromOpaque(context).takeUnretainedValue()
+            guard frames >= hook.frames else { return SQLITE_OK }
+            // Passive, as SQLite's own: it never waits for a reader. Its result is not the
+            // commit's, which has succeeded.
+            let code = sqlite3_wal_checkpoint_v2(connection, name, SQLITE_CHECKPOINT_PASSIVE, nil, nil)
+            hook.made.add(1, ordering: .releasing)
+            if Checkpointer.isFailedSync(ResultCode(rawValue: code)) {
+                Checkpointer.stopAfterFailedSync(path: hook.path, reason: String(cString: sqlite3_errstr(code)))
+            }
+            return SQLITE_OK
+        }, Unmanaged.passUnretained(self).toOpaque())
     }
 }
 

@@ -167,13 +167,15 @@ struct SQLiteLedgerTests {
         let path = Self.temporaryPath()
         let ledger = try SQLiteLedger(path: path)
         #expect(try await ledger.writerPragma("page_size") == 4096)
-        #expect(try await ledger.writerPragma("wal_autocheckpoint") == 65536)
+        #expect(ledger.writerCheckpoint.frames == 65536)
+        // SQLite's own autocheckpoint is replaced by the writer's.
+        #expect(try await ledger.writerPragma("wal_autocheckpoint") == 0)
         await ledger.close()
         let older = Self.temporaryPath()
         _ = try await runProgram("/usr/bin/sqlite3", [older, "PRAGMA page_size = 16384; PRAGMA journal_mode = WAL; CREATE TABLE made_before (x);"])
         let reopened = try SQLiteLedger(path: older)
         #expect(try await reopened.writerPragma("page_size") == 16384)
-        #expect(try await reopened.writerPragma("wal_autocheckpoint") == 16384)
+        #expect(reopened.writerCheckpoint.frames == 16384)
         _ = try await reopened.claim(Self.event(jti: "after"), outcome: .processed, steps: [])
         #expect(try reopened.events().map(\.jti) == ["after"])
         await reopened.close()
@@ -251,6 +253,24 @@ struct SQLiteLedgerTests {
         guard case .intact(let count, _, _) = try await reopened.checkAuditChain() else { Issue.record("the audit chain is broken"); return }
         #expect(count == 62)
         await reopened.close()
+    }
+
+    /// The writer checkpoints by itself once the WAL holds `writerCheckpointBytes`, as SQLite's
+    /// autocheckpoint did (through a WAL hook of its own, which stops the process on a failed
+    /// sync: `aFailedSyncWithinACheckpointStopsTheProcess`); not before.
+    @Test func theWriterCheckpointsByItselfOnceTheWALIsLarge() async throws {
+        let path = Self.temporaryPath()
+        let ledger = try SQLiteLedger(path: path, syncWAL: { fdatasync($0) }, writerCheckpointBytes: Self.restartFrames * 4096)
+        _ = try await ledger.claim(Self.event(jti: "first"), outcome: .processed, steps: [])
+        #expect(ledger.writerCheckpoint.made.load(ordering: .acquiring) == 0)
+        // Held while the WAL grows, so that it does not start over before the threshold.
+        let reader = try HeldSnapshot(path)
+        for i in 0..<60 { _ = try await ledger.claim(Self.event(jti: "e-\(i)"), outcome: .processed, steps: []) }
+        let frames = try await Self.walFrames(path)
+        #expect(frames >= Self.restartFrames, "\(frames) frames")
+        #expect(ledger.writerCheckpoint.made.load(ordering: .acquiring) > 0)
+        reader.release()
+        await ledger.close()
     }
 
     /// A failed sync of the database before the WAL starts over stops the process: the failure
