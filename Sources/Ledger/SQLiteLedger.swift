@@ -1219,11 +1219,9 @@ final class Checkpointer: Sendable {
 
 /// The writer's own checkpoint, once the WAL holds `frames` frames: what SQLite's
 /// autocheckpoint does after a commit, except that a failed sync within it stops the process
-/// (`Checkpointer.stopIfSyncFailed`), where SQLite's drops every error of its own.
-///
-/// `@unchecked Sendable`: its fields are constants; SQLite calls the hook on the writer's
-/// connection, from whichever thread commits.
-final class WriterCheckpoint: @unchecked Sendable {
+/// (`Checkpointer.stopIfSyncFailed`), where SQLite's drops every error of its own. SQLite calls
+/// the hook on the writer's connection, from whichever thread commits.
+final class WriterCheckpoint: Sendable {
     /// The WAL's size from which the writer checkpoints by itself.
     static let bytes = 256 << 20
 
