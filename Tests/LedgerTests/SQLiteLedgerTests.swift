@@ -220,6 +220,14 @@ struct SQLiteLedgerTests {
     /// ledger's schema and first writes make (about 60 frames).
     static let restartFrames = 128
 
+    /// Claims 60 events while a reader holds a snapshot, so that the WAL grows past
+    /// `restartFrames` without starting over; returns the reader, still held.
+    static func growTheWALHeld(_ ledger: SQLiteLedger, at path: String) async throws -> HeldSnapshot {
+        let reader = try HeldSnapshot(path)
+        for i in 0..<60 { _ = try await ledger.claim(event(jti: "e-\(i)"), outcome: .processed, steps: []) }
+        return reader
+    }
+
     /// The checkpoint thread has the WAL start over once it holds `walRestartBytes` with every
     /// frame copied, long before the writer's own checkpoint (at 256 MiB) would, and nothing is
     /// lost. A reader still on the WAL's older frames defers it: no pass tries while it is there
@@ -230,9 +238,8 @@ struct SQLiteLedgerTests {
         let ledger = try SQLiteLedger(path: path, syncWAL: { fdatasync($0) }, walRestartBytes: Self.restartFrames * 4096)
         let checkpointer = ledger.checkpointer
         _ = try await ledger.claim(Self.event(jti: "first"), outcome: .processed, steps: [])
-        let reader = try HeldSnapshot(path)
         let triedBefore = checkpointer.restartAttempts.load(ordering: .acquiring)
-        for i in 0..<60 { _ = try await ledger.claim(Self.event(jti: "e-\(i)"), outcome: .processed, steps: []) }
+        let reader = try await Self.growTheWALHeld(ledger, at: path)
         try await Self.waitForPasses(3, of: ledger)
         let held = try await Self.walFrames(path)
         #expect(held >= Self.restartFrames, "\(held) frames")
@@ -263,9 +270,7 @@ struct SQLiteLedgerTests {
         let ledger = try SQLiteLedger(path: path, syncWAL: { fdatasync($0) }, writerCheckpointBytes: Self.restartFrames * 4096)
         _ = try await ledger.claim(Self.event(jti: "first"), outcome: .processed, steps: [])
         #expect(ledger.writerCheckpoint.made.load(ordering: .acquiring) == 0)
-        // Held while the WAL grows, so that it does not start over before the threshold.
-        let reader = try HeldSnapshot(path)
-        for i in 0..<60 { _ = try await ledger.claim(Self.event(jti: "e-\(i)"), outcome: .processed, steps: []) }
+        let reader = try await Self.growTheWALHeld(ledger, at: path)
         let frames = try await Self.walFrames(path)
         #expect(frames >= Self.restartFrames, "\(frames) frames")
         #expect(ledger.writerCheckpoint.made.load(ordering: .acquiring) > 0)
@@ -285,10 +290,7 @@ struct SQLiteLedgerTests {
                                               return -1
                                           })
             _ = try await ledger.claim(SQLiteLedgerTests.event(jti: "first"), outcome: .processed, steps: [])
-            // Held while the WAL grows, so that the writer does not start it over by itself.
-            let reader = try SQLiteLedgerTests.HeldSnapshot(path)
-            for i in 0..<60 { _ = try await ledger.claim(SQLiteLedgerTests.event(jti: "e-\(i)"), outcome: .processed, steps: []) }
-            reader.release()
+            try await SQLiteLedgerTests.growTheWALHeld(ledger, at: path).release()
             try await Task.sleep(for: .seconds(10))
         }
         let said = String(decoding: exit?.standardErrorContent ?? [], as: UTF8.self)
