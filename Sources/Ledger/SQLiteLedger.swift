@@ -119,6 +119,11 @@ public final class SQLiteLedger: AuditingLedger {
         return counts.installed == 1
     }
 
+    /// Whether SQLite counts the memory it holds, taking a process-wide mutex at every
+    /// allocation and free (`CWardenFiles/memory_count.c` turns the count off as the library
+    /// loads): true if SQLite was initialised before that.
+    public static var sqliteCountsMemory: Bool { warden_sqlite_counts_memory() != 0 }
+
     /// Where the writer's connection opens the ledger: through the VFS that gathers its WAL's
     /// writes (`CWardenFiles`), named in a URI, where this SQLite reads names as URIs; else the
     /// path itself. SQLite writes each WAL frame in two calls, its header and then its page;

@@ -657,6 +657,15 @@ struct SQLiteLedgerTests {
         await ledger.close()
     }
 
+    /// SQLite does not count the memory it holds: with the count on, every allocation and free
+    /// of the ledger's writer takes one process-wide mutex. Checked once the ledger has written.
+    @Test func sqliteDoesNotCountTheMemoryItHolds() async throws {
+        let ledger = try SQLiteLedger(path: Self.temporaryPath())
+        _ = try await ledger.record((0..<50).map { .event(Self.event(jti: "count-\($0)"), outcome: .processed, steps: []) })
+        #expect(!SQLiteLedger.sqliteCountsMemory, "SQLite counts its memory: it was initialised before the count could be turned off")
+        await ledger.close()
+    }
+
     /// Through thousands of swaps of pages' numbers, in a page cache of 20 pages (so that pages
     /// are evicted, and dirty ones spilled, around them), with transactions rolled back among
     /// them: what a table holds is what was committed to it, and the file is whole. Pages of

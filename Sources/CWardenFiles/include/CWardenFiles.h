@@ -60,4 +60,8 @@ typedef struct {
 /// The counts; `swapsOfPageSize` those of caches of `pageSize` bytes.
 void warden_page_cache_counts(int pageSize, WardenPageCacheCounts *counts);
 
+/// 1 if SQLite counts the memory it holds (a mutex taken at every allocation and free; see
+/// memory_count.c, which turns the count off as the library loads), 0 if not, -1 if it cannot tell.
+int warden_sqlite_counts_memory(void);
+
 #endif
