@@ -228,7 +228,7 @@ extension PlannedStep {
 ///   attempts (one round trip per target where it allows), one journal write for the outcomes.
 ///   Events run on their own (`run`, one task each) still share: the Redis client pipelines
 ///   concurrent requests, and concurrent outcomes are recorded in one write.
-public struct StepRunner: Sendable {
+public final class StepRunner: Sendable {
     public struct Configuration: Sendable {
         /// Attempts at a step that its target keeps refusing with a retryable answer while it
         /// serves other events; then the step is failed and dead-lettered. Attempts made while
@@ -354,7 +354,7 @@ public struct StepRunner: Sendable {
     /// `run` would return.
     public func runTogether(_ events: [EventSteps], finished: @escaping @Sendable (Int, EventEnd?) async -> Void) async {
         await withTaskGroup(of: Void.self) { group in
-            func alone(_ i: Int, _ event: EventSteps) { group.addTask { await finished(i, await run(event)) } }
+            func alone(_ i: Int, _ event: EventSteps) { group.addTask { [self] in await finished(i, await run(event)) } }
             var byTarget: [String: [Call]] = [:]
             var targets: [String] = []
             let now = Date().timeIntervalSince1970
@@ -383,7 +383,7 @@ public struct StepRunner: Sendable {
             }
             for target in targets {
                 let calls = byTarget[target]!
-                group.addTask { await runTogether(calls, of: events, finished: finished) }
+                group.addTask { [self] in await runTogether(calls, of: events, finished: finished) }
             }
         }
     }
@@ -403,7 +403,7 @@ public struct StepRunner: Sendable {
         await withTaskGroup(of: Void.self) { alone in
             /// The event goes on on its own from here.
             func goOn(_ i: Int, _ event: EventSteps, attempts: Attempts = Attempts(), pause: Double? = nil) {
-                alone.addTask { await finished(i, await run(event, attempts: attempts, pause: pause)) }
+                alone.addTask { [self] in await finished(i, await run(event, attempts: attempts, pause: pause)) }
             }
             // The leases are kept renewed while the call and the recording are under way.
             let holding = leases.keep(Dictionary(calls.map { (events[$0.i].eventID, events[$0.i].leasedUntil) }, uniquingKeysWith: min))
