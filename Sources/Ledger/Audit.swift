@@ -398,115 +398,170 @@ public struct AuditRecord: Sendable {
 
     /// The record as canonical JSON: members in code-point order, no spaces, absent members left
     /// out, times as RFC 3339 with milliseconds. The subject is a string: its JSON text as the ledger keeps it.
+    ///
+    /// Written into an array made at the most the record can take (every text escaped at its
+    /// longest): written byte by byte into a growing array, a record took 2.4 µs, on the ledger
+    /// writer's one thread, for each event.
     public func canonicalJSON(seq: Int64) -> [UInt8] {
-        var w = CanonicalWriter(capacity: 512 + (subject?.utf8.count ?? 0) + steps.count * 96)
-        w.string("algorithm", algorithm)
-        w.string("description", error?.description)
-        w.string("err", error?.code)
-        w.integer("event_id", eventID)
-        if !eventTypes.isEmpty {
-            w.name("event_types")
-            writeJSONArray(eventTypes, to: &w.out)
-        }
-        w.time("issued_at", issuedAt)
-        w.string("issuer", issuer)
-        w.string("jti", jti)
-        w.string("key_id", keyID)
-        w.string("key_thumbprint", keyThumbprint)
-        w.string("kind", kind.rawValue)
-        w.string("note", note)
-        w.string("outcome", outcome)
-        w.string("pruned_through_hash", prunedThroughHash)
-        w.integer("pruned_through_seq", prunedThroughSeq)
-        w.time("received_at", receivedAt)
-        w.time("recorded_at", recordedAt)
-        w.integer("seq", seq)
-        w.string("source", source)
-        w.name("steps")
-        w.out.append(UInt8(ascii: "["))
-        for (i, step) in steps.enumerated() {
-            if i > 0 { w.out.append(UInt8(ascii: ",")) }
-            w.raw("{\"attempts\":")
-            Self.writeInteger(Int64(step.attempts), to: &w.out)
-            if let detail = step.detail {
-                w.raw(",\"detail\":")
-                JSONValue.writeString(detail, to: &w.out)
+        [UInt8](unsafeUninitializedCapacity: maximumCanonicalLength) { buffer, count in
+            var w = CanonicalWriter(buffer.baseAddress!, capacity: buffer.count)
+            w.string("algorithm", algorithm)
+            w.string("description", error?.description)
+            w.string("err", error?.code)
+            w.integer("event_id", eventID)
+            if !eventTypes.isEmpty {
+                w.name("event_types")
+                w.byte(UInt8(ascii: "["))
+                for (i, type) in eventTypes.enumerated() {
+                    if i > 0 { w.byte(UInt8(ascii: ",")) }
+                    w.escaped(type)
+                }
+                w.byte(UInt8(ascii: "]"))
             }
-            w.raw(",\"index\":")
-            Self.writeInteger(Int64(step.index), to: &w.out)
-            w.raw(",\"kind\":")
-            JSONValue.writeString(step.kind, to: &w.out)
-            w.raw(",\"status\":")
-            JSONValue.writeString(step.status.rawValue, to: &w.out)
-            w.raw("}")
+            w.time("issued_at", issuedAt)
+            w.string("issuer", issuer)
+            w.string("jti", jti)
+            w.string("key_id", keyID)
+            w.string("key_thumbprint", keyThumbprint)
+            w.string("kind", kind.rawValue)
+            w.string("note", note)
+            w.string("outcome", outcome)
+            w.string("pruned_through_hash", prunedThroughHash)
+            w.integer("pruned_through_seq", prunedThroughSeq)
+            w.time("received_at", receivedAt)
+            w.time("recorded_at", recordedAt)
+            w.integer("seq", seq)
+            w.string("source", source)
+            w.name("steps")
+            w.byte(UInt8(ascii: "["))
+            for (i, step) in steps.enumerated() {
+                if i > 0 { w.byte(UInt8(ascii: ",")) }
+                w.raw("{\"attempts\":")
+                w.digits(Int64(step.attempts))
+                if let detail = step.detail {
+                    w.raw(",\"detail\":")
+                    w.escaped(detail)
+                }
+                w.raw(",\"index\":")
+                w.digits(Int64(step.index))
+                w.raw(",\"kind\":")
+                w.escaped(step.kind)
+                w.raw(",\"status\":")
+                w.escaped(step.status.rawValue)
+                w.byte(UInt8(ascii: "}"))
+            }
+            w.byte(UInt8(ascii: "]"))
+            // The subject as the JSON text the ledger keeps, in a string: re-serialised from its
+            // parsed form, a string comes back byte for byte, where an object's members might not.
+            w.string("subject", subject)
+            w.string("token_sha256", tokenSHA256)
+            if kind != .checkpoint && kind != .key { w.string("verdict", error == nil ? "valid" : "invalid") }
+            w.byte(UInt8(ascii: "}"))
+            count = w.count
         }
-        w.out.append(UInt8(ascii: "]"))
-        // The subject as the JSON text the ledger keeps, in a string: re-serialised from its
-        // parsed form, a string comes back byte for byte, where an object's members might not.
-        w.string("subject", subject)
-        w.string("token_sha256", tokenSHA256)
-        if kind != .checkpoint && kind != .key { w.string("verdict", error == nil ? "valid" : "invalid") }
-        w.out.append(UInt8(ascii: "}"))
-        return w.out
     }
 
-    /// Writes one object's members, in the order given (the caller's is code-point order).
+    /// The most bytes `canonicalJSON` can make of this record: every member's name and
+    /// punctuation (less than 24 bytes each, beyond the name: 32 allowed), every text at its
+    /// longest escaped, every number at its longest.
+    var maximumCanonicalLength: Int {
+        func text(_ s: String?) -> Int { s.map { JSONValue.escapedCapacity($0.utf8.count) } ?? 0 }
+        let member = 32, name = 20, number = 20
+        var length = 2 + 24 * (member + name)
+        length += text(algorithm) + text(error?.description) + text(error?.code) + text(issuer) + text(jti) + text(keyID)
+        length += text(keyThumbprint) + text(kind.rawValue) + text(note) + text(outcome) + text(prunedThroughHash)
+        length += text(source) + text(subject) + text(tokenSHA256) + 4 * number + 3 * (RFC3339.length + 2)
+        for type in eventTypes { length += 1 + text(type) }
+        for step in steps { length += 64 + 2 * number + text(step.detail) + text(step.kind) + text(step.status.rawValue) }
+        return length
+    }
+
+    /// Writes one object's members, in the order given (the caller's is code-point order), at a
+    /// buffer with room for them all (`maximumCanonicalLength`). Debug builds (the tests) check
+    /// each write against the room before making it.
     struct CanonicalWriter {
-        var out: [UInt8] = []
+        let out: UnsafeMutablePointer<UInt8>
+        let capacity: Int
+        var count = 0
         var first = true
 
-        init(capacity: Int) { out.reserveCapacity(capacity) }
+        init(_ out: UnsafeMutablePointer<UInt8>, capacity: Int) {
+            self.out = out
+            self.capacity = capacity
+        }
 
-        /// Names are ASCII and need no escaping: written as they are.
-        mutating func name(_ n: StaticString) {
-            out.append(first ? UInt8(ascii: "{") : UInt8(ascii: ","))
-            first = false
-            out.append(UInt8(ascii: "\""))
-            raw(n)
-            out.append(UInt8(ascii: "\""))
-            out.append(UInt8(ascii: ":"))
+        @inline(__always) func room(_ bytes: Int) { assert(count + bytes <= capacity, "an audit record outgrew its buffer") }
+
+        @inline(__always) mutating func byte(_ b: UInt8) {
+            room(1)
+            out[count] = b
+            count += 1
         }
 
         /// JSON text written as it is (from the source, so known to be valid).
-        mutating func raw(_ text: StaticString) {
-            out.append(contentsOf: UnsafeBufferPointer(start: text.utf8Start, count: text.utf8CodeUnitCount))
+        @inline(__always) mutating func raw(_ text: StaticString) {
+            room(text.utf8CodeUnitCount)
+            (out + count).update(from: text.utf8Start, count: text.utf8CodeUnitCount)
+            count += text.utf8CodeUnitCount
+        }
+
+        /// Names are ASCII and need no escaping: written as they are.
+        mutating func name(_ n: StaticString) {
+            byte(first ? UInt8(ascii: "{") : UInt8(ascii: ","))
+            first = false
+            byte(UInt8(ascii: "\""))
+            raw(n)
+            byte(UInt8(ascii: "\""))
+            byte(UInt8(ascii: ":"))
+        }
+
+        /// `value` as a JSON string.
+        mutating func escaped(_ value: String) {
+            var value = value
+            count += value.withUTF8 { utf8 in
+                room(JSONValue.escapedCapacity(utf8.count))
+                return JSONValue.writeString(utf8, at: out + count)
+            }
         }
 
         mutating func string(_ n: StaticString, _ value: String?) {
             guard let value else { return }
             name(n)
-            JSONValue.writeString(value, to: &out)
+            escaped(value)
         }
 
         mutating func integer(_ n: StaticString, _ value: Int64?) {
             guard let value else { return }
             name(n)
-            AuditRecord.writeInteger(value, to: &out)
+            digits(value)
+        }
+
+        /// `value` in decimal.
+        mutating func digits(_ value: Int64) {
+            if value < 0 { byte(UInt8(ascii: "-")) }
+            var magnitude = value.magnitude
+            var length = 1
+            var rest = magnitude / 10
+            while rest > 0 {
+                length += 1
+                rest /= 10
+            }
+            room(length)
+            for i in stride(from: count + length - 1, through: count, by: -1) {
+                out[i] = UInt8(ascii: "0") + UInt8(magnitude % 10)
+                magnitude /= 10
+            }
+            count += length
         }
 
         mutating func time(_ n: StaticString, _ value: Double?) {
             guard let value else { return }
             name(n)
-            out.append(UInt8(ascii: "\""))
-            RFC3339.write(value, to: &out)
-            out.append(UInt8(ascii: "\""))
-        }
-    }
-
-    static func writeInteger(_ value: Int64, to out: inout [UInt8]) {
-        if value < 0 { out.append(UInt8(ascii: "-")) }
-        var magnitude = value.magnitude
-        var digits: (UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8,
-                     UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8) =
-            (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
-        var count = 0
-        withUnsafeMutableBytes(of: &digits) { buffer in
-            repeat {
-                buffer[19 - count] = UInt8(ascii: "0") + UInt8(magnitude % 10)
-                magnitude /= 10
-                count += 1
-            } while magnitude > 0
-            out.append(contentsOf: buffer[(20 - count)...])
+            byte(UInt8(ascii: "\""))
+            room(RFC3339.length)
+            RFC3339.write(value, at: out + count)
+            count += RFC3339.length
+            byte(UInt8(ascii: "\""))
         }
     }
 }

@@ -8,14 +8,25 @@ public enum RFC3339 {
         return String(decoding: out, as: UTF8.self)
     }
 
-    /// Appends `string(from:)`'s text as UTF-8, without making a string (audit records write
-    /// three per event).
+    /// Appends `string(from:)`'s text as UTF-8, without making a string.
     public static func write(_ seconds: Double, to out: inout [UInt8]) {
+        withUnsafeTemporaryAllocation(of: UInt8.self, capacity: length) { buffer in
+            write(seconds, at: buffer.baseAddress!)
+            out.append(contentsOf: UnsafeBufferPointer(buffer))
+        }
+    }
+
+    /// The bytes of every time written: `2026-11-26T09:31:02.123Z`.
+    public static let length = 24
+
+    /// Writes `string(from:)`'s text as UTF-8 at `out`, which has room for `length` bytes
+    /// (audit records write three per event, into a buffer made for the record).
+    public static func write(_ seconds: Double, at out: UnsafeMutablePointer<UInt8>) {
         // Years 0001…9999 only, judged once rounded to the millisecond (253402300799.9996
         // rounds into year 10000); anything else is written as the last millisecond of 9999.
         let rounded = (seconds * 1000).rounded()
         guard rounded.isFinite, rounded >= -62_135_596_800_000, rounded < 253_402_300_800_000 else {
-            out += "9999-12-31T23:59:59.999Z".utf8
+            for (i, byte) in "9999-12-31T23:59:59.999Z".utf8.enumerated() { out[i] = byte }
             return
         }
         let totalMillis = Int64(rounded)
@@ -33,30 +44,28 @@ public enum RFC3339 {
         let day = dayOfYear - (153 * mp + 2) / 5 + 1
         let month = mp < 10 ? mp + 3 : mp - 9
         let year = yearOfEra + era * 400 + (month <= 2 ? 1 : 0)
-        func digits(_ value: Int, _ width: Int) {
-            var divisor = 1
-            for _ in 1..<width { divisor *= 10 }
+        /// `value`'s last `width` decimal digits at `at`.
+        @inline(__always) func digits(_ value: Int, _ width: Int, at: Int) {
             var v = value
-            while divisor > 0 {
-                out.append(UInt8(ascii: "0") + UInt8(v / divisor))
-                v %= divisor
-                divisor /= 10
+            for i in stride(from: at + width - 1, through: at, by: -1) {
+                out[i] = UInt8(ascii: "0") + UInt8(v % 10)
+                v /= 10
             }
         }
-        digits(year, 4)
-        out.append(UInt8(ascii: "-"))
-        digits(month, 2)
-        out.append(UInt8(ascii: "-"))
-        digits(day, 2)
-        out.append(UInt8(ascii: "T"))
-        digits(secondOfDay / 3600, 2)
-        out.append(UInt8(ascii: ":"))
-        digits(secondOfDay / 60 % 60, 2)
-        out.append(UInt8(ascii: ":"))
-        digits(secondOfDay % 60, 2)
-        out.append(UInt8(ascii: "."))
-        digits(millis, 3)
-        out.append(UInt8(ascii: "Z"))
+        digits(year, 4, at: 0)
+        out[4] = UInt8(ascii: "-")
+        digits(month, 2, at: 5)
+        out[7] = UInt8(ascii: "-")
+        digits(day, 2, at: 8)
+        out[10] = UInt8(ascii: "T")
+        digits(secondOfDay / 3600, 2, at: 11)
+        out[13] = UInt8(ascii: ":")
+        digits(secondOfDay / 60 % 60, 2, at: 14)
+        out[16] = UInt8(ascii: ":")
+        digits(secondOfDay % 60, 2, at: 17)
+        out[19] = UInt8(ascii: ".")
+        digits(millis, 3, at: 20)
+        out[23] = UInt8(ascii: "Z")
     }
 
     /// Seconds since 1970 of an RFC 3339 date-time (`2026-11-26T09:31:02Z`,

@@ -55,6 +55,52 @@ struct AuditTrailTests {
         init(_ description: String) { self.description = description }
     }
 
+    /// A record's text is canonical JSON whatever its texts hold: members in code-point order,
+    /// each value read back as it was, every text escaped as JSON's own writer escapes it, and
+    /// within the room the record is written into.
+    @Test func aRecordsTextIsCanonicalWhateverItsTextsHold() throws {
+        let awkward = ["", "\u{0}", "\"\\\u{1F}\n", "é«»🙂", String(repeating: "\u{7}x\"", count: 40), "plain-ascii-long-enough-for-words"]
+        var records: [(AuditRecord, Int64)] = []
+        for (i, text) in awkward.enumerated() {
+            records.append((AuditRecord(kind: .event, eventID: Int64(i) - 3, source: text, receivedAt: 1_800_000_000.5 + Double(i),
+                                        tokenSHA256: text, error: (code: text, description: text + text), issuer: text, jti: text,
+                                        eventTypes: [text, "https://schemas.openid.net/secevent/risc/event-type/sessions-revoked"],
+                                        subject: #"{"format":"opaque","id":"# + "\"x\(text)\"}", keyID: text, algorithm: text,
+                                        keyThumbprint: text, issuedAt: -62_135_596_800 + Double(i), outcome: text,
+                                        steps: [.init(index: i, kind: text, status: .failed, detail: text, attempts: Int.max),
+                                                .init(index: -i, kind: "k", status: .done, detail: nil, attempts: 0)],
+                                        note: text, prunedThroughSeq: Int64.min + Int64(i), prunedThroughHash: text, recordedAt: 1e12),
+                            Int64.max - Int64(i)))
+        }
+        records.append((AuditRecord(kind: .checkpoint, eventID: nil, source: "", receivedAt: 0, tokenSHA256: nil, outcome: "",
+                                    recordedAt: 0), 1))
+        for (record, seq) in records {
+            let text = record.canonicalJSON(seq: seq)
+            #expect(text.count <= record.maximumCanonicalLength)
+            let object = try #require(try JSONParser.parse(text).objectValue)
+            let names = object.members.map(\.name)
+            #expect(names == names.sorted { Array($0.unicodeScalars.map(\.value)).lexicographicallyPrecedes($1.unicodeScalars.map(\.value)) })
+            #expect(object["seq"]?.numberValue == Double(seq))
+            #expect(object["source"]?.stringValue == record.source)
+            #expect(object["issuer"]?.stringValue == record.issuer && object["jti"]?.stringValue == record.jti)
+            #expect(object["subject"]?.stringValue == record.subject && object["description"]?.stringValue == record.error?.description)
+            #expect(object["event_types"]?.arrayValue?.compactMap(\.stringValue) ?? [] == record.eventTypes)
+            #expect(object["received_at"]?.stringValue == RFC3339.string(from: record.receivedAt))
+            #expect(object["issued_at"]?.stringValue == record.issuedAt.map { RFC3339.string(from: $0) })
+            let steps = object["steps"]?.arrayValue?.compactMap(\.objectValue) ?? []
+            #expect(steps.map { $0["detail"]?.stringValue } == record.steps.map(\.detail))
+            #expect(steps.map { $0["kind"]?.stringValue } == record.steps.map(\.kind))
+            // Every text as JSON's own writer writes it.
+            var expected: [UInt8] = []
+            JSONValue.writeString(record.source, to: &expected)
+            #expect(text.firstRange(of: Array(#""source":"#.utf8) + expected) != nil)
+        }
+        // Integers at their longest, both signs.
+        let extremes = String(decoding: records[0].0.canonicalJSON(seq: Int64.max), as: UTF8.self)
+        #expect(extremes.contains(#""seq":9223372036854775807"#) && extremes.contains(#""pruned_through_seq":-9223372036854775808"#))
+        #expect(extremes.contains(#""event_id":-3"#) && extremes.contains(#""attempts":\#(Int.max)"#))
+    }
+
     /// The record of a finished event is made from the ledger's own claim when it made the
     /// claim, and read back from the event's row otherwise (another process's claim, or one from
     /// before a restart): the two are the same, but for what tells the events apart.

@@ -97,3 +97,61 @@ struct Base64URLTests {
         #expect(!Array(text.utf8).withUnsafeBufferPointer { Base64URL.isValid(buffer: $0) })
     }
 }
+
+/// Strings written as JSON: eight bytes are looked at together for one to escape, so every byte
+/// that needs an escape is tried at every place of strings longer than a few words.
+@Suite("JSON strings written")
+struct JSONStringWritingTests {
+    /// The escapes, one byte at a time, as JSON's grammar has them.
+    static func reference(_ bytes: [UInt8]) -> [UInt8] {
+        var out: [UInt8] = [UInt8(ascii: "\"")]
+        for byte in bytes {
+            switch byte {
+            case UInt8(ascii: "\""): out += Array(#"\""#.utf8)
+            case UInt8(ascii: "\\"): out += Array(#"\\"#.utf8)
+            case UInt8(ascii: "\n"): out += Array(#"\n"#.utf8)
+            case UInt8(ascii: "\r"): out += Array(#"\r"#.utf8)
+            case UInt8(ascii: "\t"): out += Array(#"\t"#.utf8)
+            case 0x08: out += Array(#"\b"#.utf8)
+            case 0x0C: out += Array(#"\f"#.utf8)
+            case ..<0x20: out += Array(String(format: "\\u%04x", byte).utf8)
+            default: out.append(byte)
+            }
+        }
+        out.append(UInt8(ascii: "\""))
+        return out
+    }
+
+    static func written(_ text: String) -> [UInt8] {
+        var out: [UInt8] = []
+        JSONValue.writeString(text, to: &out)
+        return out
+    }
+
+    @Test func everyByteToEscapeIsEscapedWhereverItIs() throws {
+        let plain = Array("abcdefghijklmnopqrstuvwxyz0123".utf8)
+        let special: [UInt8] = Array(0x00..<0x20) + [0x22, 0x5C]
+        for length in [1, 7, 8, 9, 15, 16, 17, 24, 30] {
+            for place in 0..<length {
+                for byte in special {
+                    var bytes = Array(plain.prefix(length))
+                    bytes[place] = byte
+                    let text = String(decoding: bytes, as: UTF8.self)
+                    #expect(Self.written(text) == Self.reference(bytes), "byte \(byte) at \(place) of \(length)")
+                }
+            }
+        }
+    }
+
+    /// Bytes just above the ones to escape, and UTF-8 of several bytes, go in as they are; the
+    /// text read back is the text written.
+    @Test func everythingElseGoesInAsItIs() throws {
+        let texts = ["", " ", "!#$%&'()*+,-./", "[]^_`{|}~\u{7F}", "é«»日本語🙂", String(repeating: "é\u{1F}🙂\"", count: 9),
+                     "\u{0}\u{0}\u{0}\u{0}\u{0}\u{0}\u{0}\u{0}\u{0}", String(repeating: "x", count: 1000) + "\\"]
+        for text in texts {
+            let bytes = Self.written(text)
+            #expect(bytes == Self.reference(Array(text.utf8)), "\(text.debugDescription)")
+            #expect(try JSONParser.parse(bytes) == .string(text))
+        }
+    }
+}
