@@ -412,40 +412,42 @@ public final class StepRunner: Sendable {
             let answeredAt = ContinuousClock.now
             var toRecord: [(call: Call, record: StepRecord)] = []
             toRecord.reserveCapacity(calls.count)
+            // Each event is read in place (`events[call.i]`): a copy of one retains each of its
+            // texts and references, twice per event here, and only an event that goes on alone
+            // needs one of its own.
             for (call, outcome) in zip(calls, answers) {
-                let event = events[call.i]
                 var attempts = Attempts()
-                switch judge(outcome, call.step, of: event, target: call.target, calledAt: calledAt, isLast: call.isLast,
-                             failedSoFar: event.outcomeIfDone == .failed, attempts: &attempts) {
+                switch judge(outcome, call.step, of: events[call.i], target: call.target, calledAt: calledAt, isLast: call.isLast,
+                             failedSoFar: events[call.i].outcomeIfDone == .failed, attempts: &attempts) {
                 case .record(let record, let deadLetter):
                     if let deadLetter {
-                        guard await send(deadLetter, for: event) else {
-                            event.permit.endAction()
-                            leases.forget(holding, event: event.eventID)
+                        guard await send(deadLetter, for: events[call.i]) else {
+                            events[call.i].permit.endAction()
+                            leases.forget(holding, event: events[call.i].eventID)
                             await finished(call.i, nil)
                             continue
                         }
                     }
                     toRecord.append((call, record))
                 case .retry(let after):
-                    event.permit.endAction()
-                    goOn(call.i, event, attempts: attempts, pause: after)
+                    events[call.i].permit.endAction()
+                    goOn(call.i, events[call.i], attempts: attempts, pause: after)
                 }
             }
             let written = await outcomes.write(together: toRecord.map(\.record), answeredAt: answeredAt)
             let renewed = leases.release(holding)
             for ((call, record), recorded) in zip(toRecord, written) {
-                var event = events[call.i]
-                if let until = renewed[event.eventID] { event.leasedUntil = max(event.leasedUntil, until) }
-                event.permit.endAction()
+                events[call.i].permit.endAction()
                 guard recorded else {
                     await finished(call.i, nil)
                     continue
                 }
                 if let outcome = record.finishing {
-                    logFinished(event, outcome)
+                    logFinished(events[call.i], outcome)
                     await finished(call.i, outcome)
                 } else {
+                    var event = events[call.i]
+                    if let until = renewed[event.eventID] { event.leasedUntil = max(event.leasedUntil, until) }
                     event.steps?.removeFirst()
                     if record.failed { event.outcomeIfDone = .failed }
                     goOn(call.i, event)
