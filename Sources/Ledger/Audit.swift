@@ -477,8 +477,9 @@ public struct AuditRecord: Sendable {
     }
 
     /// Writes one object's members, in the order given (the caller's is code-point order), at a
-    /// buffer with room for them all (`maximumCanonicalLength`). Debug builds (the tests) check
-    /// each write against the room before making it.
+    /// buffer with room for them all (`maximumCanonicalLength`). Each write is checked against
+    /// the room left before it is made: a bound that came out short stops the process rather
+    /// than write past the buffer.
     struct CanonicalWriter {
         let out: UnsafeMutablePointer<UInt8>
         let capacity: Int
@@ -490,7 +491,7 @@ public struct AuditRecord: Sendable {
             self.capacity = capacity
         }
 
-        @inline(__always) func room(_ bytes: Int) { assert(count + bytes <= capacity, "an audit record outgrew its buffer") }
+        @inline(__always) func room(_ bytes: Int) { precondition(count + bytes <= capacity, "an audit record outgrew its buffer") }
 
         @inline(__always) mutating func byte(_ b: UInt8) {
             room(1)
