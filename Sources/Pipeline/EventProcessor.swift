@@ -401,8 +401,10 @@ public struct EventProcessor: Sendable {
         var outcomes = OutcomeCounts()
         defer { outcomes.report(to: metrics) }
         for (admitted, claim) in zip(batch, claims) {
-            let message = admitted.record.message
-            let acknowledgement = admitted.record.acknowledgement
+            // Read in place where a line is logged: a copy of the message retains each of its
+            // parts, for every event, though the log level usually drops those lines.
+            let record = admitted.record
+            let acknowledgement = record.acknowledgement
             switch (admitted.verdict, claim) {
             case (.valid(let event), .new(let id)?):
                 if !event.plan.unknownTypes.isEmpty {
@@ -412,7 +414,7 @@ public struct EventProcessor: Sendable {
                     ])
                 }
                 if event.plan.isUnresolved {
-                    logger.notice("subject resolved to no local user; steps that need one were not planned", metadata: metadata(event.token, message, eventID: id))
+                    logger.notice("subject resolved to no local user; steps that need one were not planned", metadata: metadata(event.token, record.message, eventID: id))
                 }
                 guard case .event(let claimed, _, let steps) = admitted.entry else { preconditionFailure("entries follow verdicts") }
                 let outcome: EventEnd = event.plan.isUnresolved ? .unresolved : .processed
@@ -424,7 +426,7 @@ public struct EventProcessor: Sendable {
                 }
                 if steps.isEmpty {
                     outcomes.add(outcome.rawValue)
-                    logger.info("event recorded", metadata: metadata(event.token, message, eventID: id))
+                    logger.info("event recorded", metadata: metadata(event.token, record.message, eventID: id))
                     acknowledgement.settle(.recorded(eventID: id, outcome: EventOutcome(outcome)))
                 } else {
                     acknowledgement.durable(.recorded(eventID: id, outcome: .pending))
@@ -434,7 +436,7 @@ public struct EventProcessor: Sendable {
                 }
             case (.valid(let event), .duplicate(let id)?):
                 outcomes.add("duplicate")
-                logger.info("duplicate event", metadata: metadata(event.token, message, eventID: id))
+                logger.info("duplicate event", metadata: metadata(event.token, record.message, eventID: id))
                 acknowledgement.durable(.duplicate(eventID: id))
                 // A crash may have left this event's steps part-done: what is still pending runs
                 // when its turn in the subject's lane comes (read from the outbox then).
@@ -444,8 +446,8 @@ public struct EventProcessor: Sendable {
             case (.invalid(let code, let description), _):
                 outcomes.add("invalid")
                 logger.warning("invalid token dead-lettered", metadata: [
-                    "warden.source": "\(message.source)", "warden.err": "\(code)", "warden.reason": "\(description)",
-                    "warden.token": "\(TokenDigest.short(message.value))",
+                    "warden.source": "\(record.message.source)", "warden.err": "\(code)", "warden.reason": "\(description)",
+                    "warden.token": "\(TokenDigest.short(record.message.value))",
                 ])
                 acknowledgement.settle(.rejected(code: code, description: description))
             case (.valid, nil):
@@ -521,8 +523,6 @@ public struct EventProcessor: Sendable {
             self.leasedUntil = leasedUntil
         }
 
-        var message: IntakeMessage { record.message }
-
         /// One subject's events act in order: keyed by the local user, else the provider's
         /// subject (scoped to its issuer).
         public var subjectKey: String {
@@ -548,8 +548,8 @@ public struct EventProcessor: Sendable {
     private func eventSteps(_ work: Work) -> EventSteps {
         EventSteps(
             eventID: work.eventID, steps: work.isNew ? work.steps.map(JournalStep.init) : nil, planned: work.planned,
-            context: work.context, outcomeIfDone: work.outcomeIfDone, leasedUntil: work.leasedUntil, message: work.message.value,
-            source: work.message.source, permit: work.record.acknowledgement, receivedAt: work.message.receivedAt)
+            context: work.context, outcomeIfDone: work.outcomeIfDone, leasedUntil: work.leasedUntil, message: work.record.message.value,
+            source: work.record.message.source, permit: work.record.acknowledgement, receivedAt: work.record.message.receivedAt)
     }
 
     private func disposition(of work: Work, _ end: EventEnd?) async -> Disposition {
