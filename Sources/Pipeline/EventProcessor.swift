@@ -316,26 +316,27 @@ public struct EventProcessor: Sendable {
         var admitted: [Admitted] = []
         admitted.reserveCapacity(verdicts.count)
         for (index, (checked, verdict)) in zip(batch, verdicts).enumerated() {
-            let message = checked.record.message
+            // The message is read where the record holds it, not copied whole for each event.
+            let record = checked.record
             switch verdict {
             case .valid(let event):
                 let plan = event.plan
                 // The event is claimed together with its outbox: the planned steps, all pending.
                 let steps = plan.steps.map { OutboxStep(index: $0.index, kind: $0.action.kind, action: $0.encoded) }
                 let outcome: EventOutcome = !steps.isEmpty ? .pending : plan.isUnresolved ? .unresolved : .processed
-                var claimed = ledgerEvent(event.verified, message)
+                var claimed = ledgerEvent(event.verified, record.message)
                 if !steps.isEmpty {
                     // The claim takes the event's lease: its first step needs no write of its own.
                     claimed.leaseOwner = configuration.steps.owner
                     claimed.leaseUntil = Date().timeIntervalSince1970 + configuration.steps.lease.timeInterval
                 }
-                admitted.append(Admitted(record: checked.record, verdict: verdict,
+                admitted.append(Admitted(record: record, verdict: verdict,
                                          entry: .event(claimed, outcome: outcome, steps: steps)))
             case .invalid(let code, let description):
                 if delivered.contains(index) { metrics.deadLettered() }
-                admitted.append(Admitted(record: checked.record, verdict: verdict,
-                                         entry: .rejection(Rejection(token: message.value, source: message.source, code: code,
-                                                                     description: description, receivedAt: message.receivedAt))))
+                admitted.append(Admitted(record: record, verdict: verdict,
+                                         entry: .rejection(Rejection(token: record.message.value, source: record.message.source, code: code,
+                                                                     description: description, receivedAt: record.message.receivedAt))))
             }
         }
         return (admitted, batch[verdicts.count...])
