@@ -19,8 +19,6 @@ public final class SQLiteLedger: AuditingLedger {
     /// The audit fields of events this ledger claimed with steps, until their outcome is recorded.
     let claimed = ClaimedEvents()
     let checkpointer: Checkpointer
-    /// The writer's own checkpoint, once the WAL holds 256 MiB.
-    let writerCheckpoint: WriterCheckpoint
     /// Reads for audits and replays, beside the writer (WAL: each sees what is committed).
     let reader: SQLiteLedgerReader
     /// The writer's WAL writes are gathered into one per commit (see `writerLocation`).
@@ -106,9 +104,11 @@ public final class SQLiteLedger: AuditingLedger {
         let syncer = try WALSyncer(walPath: path + "-wal", sync: syncWAL)
         reader = try SQLiteLedgerReader(path: path)
         checkpointer = try Checkpointer(path: path, startWriteback: startWriteback, syncDatabase: syncDatabase, restartBytes: walRestartBytes)
-        self.writerCheckpoint = writerCheckpoint!
         writer = BatchWriter(database: database, syncer: syncer, keeping: writerCheckpoint!)
     }
+
+    /// The writer's own checkpoint, once the WAL holds 256 MiB (kept by the writer, which commits).
+    var writerCheckpoint: WriterCheckpoint { writer.walHook }
 
     /// Whether SQLite's page cache is the one that keeps the number SQLite lends a page during a
     /// swap of two pages' numbers out of its default cache (`CWardenFiles/page_cache.c`): false
@@ -897,7 +897,7 @@ final class BatchWriter: Sendable {
 
     private let syncer: WALSyncer
     /// What the connection's WAL hook points to: kept as long as the writer may commit.
-    private let walHook: WriterCheckpoint
+    let walHook: WriterCheckpoint
 
     init(database: DatabaseQueue, syncer: WALSyncer, keeping walHook: WriterCheckpoint) {
         self.database = database
